@@ -1,0 +1,24 @@
+"""fenced-k8s-executor: a drop-in KubernetesExecutor that fences stale worker pods under HA schedulers.
+
+Import cost matters: Airflow imports this package for provider discovery in every process,
+so the executor class (and its provider imports) load lazily on first attribute access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["FencedKubernetesExecutor", "__version__"]
+
+if TYPE_CHECKING:
+    from fenced_k8s_executor.executor import FencedKubernetesExecutor
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FencedKubernetesExecutor":
+        from fenced_k8s_executor.executor import FencedKubernetesExecutor
+
+        return FencedKubernetesExecutor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

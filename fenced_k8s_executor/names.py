@@ -1,0 +1,29 @@
+"""Names shared by the executor, the sweep, the launch gate, the lab and the deployment files.
+
+Kept in one dependency-free module so that every consumer (including Helm values and docs
+checks) agrees on the exact strings.
+"""
+
+from __future__ import annotations
+
+#: Distribution and import names.
+DISTRIBUTION = "fenced-k8s-executor"
+EXECUTOR_CLASS_PATH = "fenced_k8s_executor.FencedKubernetesExecutor"
+
+#: Airflow configuration section owned by this package.
+CONFIG_SECTION = "fenced_kubernetes_executor"
+
+#: Pod metadata carrying the launch identity.
+_PREFIX = "fenced-k8s-executor.io/"
+TI_ID_ANNOTATION = _PREFIX + "ti-id"
+TOKEN_ANNOTATION = _PREFIX + "launch-token"
+TRY_NUMBER_ANNOTATION = _PREFIX + "try-number"
+SCHEDULER_JOB_ANNOTATION = _PREFIX + "scheduler-job-id"
+TOKEN_LABEL = _PREFIX + "launch-token"
+TI_ID_LABEL = _PREFIX + "ti-id"
+
+#: Extra claim minted into the workload JWT (the launch gate).
+LAUNCH_CLAIM = "fenced_launch"
+
+#: Metric namespace (emitted through airflow Stats).
+METRIC_PREFIX = "fenced_k8s_executor"

@@ -1,0 +1,138 @@
+"""The Kubernetes calls the fences make: guarded delete, identity read, metadata-only list pages.
+
+Deletes always carry a uid precondition, so a pod recreated under the same name (deterministic
+names make that possible) is never hit by a decision taken about its predecessor. API errors are
+reported to the caller as "nothing done", never raised into the scheduler loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from kubernetes.client import V1DeleteOptions, V1Preconditions
+from kubernetes.client.rest import ApiException
+
+from fenced_k8s_executor.launch import LaunchIdentity, from_pod_metadata
+
+log = logging.getLogger("fenced_k8s_executor")
+
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """What a fence needs to know about a pod: where it is, which object it is, whose launch."""
+
+    name: str
+    namespace: str
+    uid: str | None
+    launch: LaunchIdentity | None
+    deleting: bool = False
+
+
+def ref_from_metadata(metadata: Any) -> PodRef:
+    """Build a PodRef from a V1ObjectMeta or a dynamic-client metadata object."""
+    annotations = _as_dict(getattr(metadata, "annotations", None))
+    return PodRef(
+        name=metadata.name,
+        namespace=metadata.namespace,
+        uid=getattr(metadata, "uid", None),
+        launch=from_pod_metadata(annotations),
+        deleting=bool(getattr(metadata, "deletion_timestamp", None) or getattr(metadata, "deletionTimestamp", None)),
+    )
+
+
+def _as_dict(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    to_dict = getattr(value, "to_dict", None)
+    return dict(to_dict()) if to_dict else dict(value)
+
+
+def read_ref(kube_client: Any, name: str, namespace: str, request_args: Mapping | None = None) -> PodRef | None:
+    """Read one pod's identity; None when it no longer exists. Other API errors raise."""
+    try:
+        pod = kube_client.read_namespaced_pod(name=name, namespace=namespace, **(request_args or {}))
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return ref_from_metadata(pod.metadata)
+
+
+def delete(kube_client: Any, ref: PodRef, request_args: Mapping | None = None) -> bool:
+    """Delete exactly this pod object (uid precondition). True if the API accepted the delete."""
+    if not ref.uid:
+        log.warning("fenced_k8s_executor refusing to delete pod %s/%s without a uid", ref.namespace, ref.name)
+        return False
+    try:
+        kube_client.delete_namespaced_pod(
+            name=ref.name,
+            namespace=ref.namespace,
+            body=V1DeleteOptions(preconditions=V1Preconditions(uid=ref.uid)),
+            **(request_args or {}),
+        )
+        return True
+    except ApiException as error:
+        if error.status in (404, 409):  # already gone, or a different object now holds the name
+            return False
+        log.warning("fenced_k8s_executor could not delete pod %s/%s: %s", ref.namespace, ref.name, error.status)
+        return False
+    except Exception as error:  # connection errors: no evidence the delete happened; try next time
+        log.warning("fenced_k8s_executor could not delete pod %s/%s: %r", ref.namespace, ref.name, error)
+        return False
+
+
+def list_pages(
+    kube_client: Any,
+    namespace: str | None,
+    *,
+    label_selector: str,
+    field_selector: str | None = None,
+    page_size: int = 500,
+    request_args: Mapping | None = None,
+) -> Iterator[list[PodRef]]:
+    """Yield pages of pods as metadata only (PartialObjectMetadataList), following ``continue``.
+
+    ``namespace`` None lists all namespaces. One API call per page.
+    """
+    api = kube_client.api_client
+    path = "/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"
+    token: str | None = None
+    while True:
+        query: list[tuple[str, Any]] = [("labelSelector", label_selector), ("limit", page_size)]
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        if token:
+            query.append(("continue", token))
+        data = api.call_api(
+            path,
+            "GET",
+            query_params=query,
+            header_params={"Accept": METADATA_LIST_ACCEPT},
+            auth_settings=["BearerToken"],
+            response_type="object",
+            _return_http_data_only=True,
+            _preload_content=True,
+            **(request_args or {}),
+        )
+        page = []
+        for item in data.get("items") or []:
+            meta = item.get("metadata") or {}
+            page.append(
+                PodRef(
+                    name=meta.get("name"),
+                    namespace=meta.get("namespace"),
+                    uid=meta.get("uid"),
+                    launch=from_pod_metadata(meta.get("annotations")),
+                    deleting=bool(meta.get("deletionTimestamp")),
+                )
+            )
+        yield page
+        token = (data.get("metadata") or {}).get("continue")
+        if not token:
+            return

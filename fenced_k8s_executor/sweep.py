@@ -1,0 +1,178 @@
+"""The periodic reconcile loop: find pods of superseded launches that no event will ever report.
+
+Level-triggered and idempotent: list executor pods that carry a launch token (metadata only,
+page by page), read their rows in one query per page, delete the stale ones. It runs in a
+background thread so the scheduler loop never waits on it, and a PostgreSQL advisory lock makes
+schedulers take turns instead of all sweeping the same pods at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from fenced_k8s_executor import ledger, metrics, pods, verdicts
+from fenced_k8s_executor.metrics import short
+from fenced_k8s_executor.names import TOKEN_LABEL
+
+log = logging.getLogger("fenced_k8s_executor")
+
+#: Label selector of the pods a sweep may look at: executor pods with a launch token. Legacy
+#: pods (no token label) are never listed, so never touched.
+SWEEP_LABEL_SELECTOR = f"kubernetes_executor=True,{TOKEN_LABEL}"
+#: Finished pods are the watcher's business (and cost nothing to keep).
+SWEEP_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+#: Advisory lock id shared by every scheduler of one metadata DB ("fencedk8" in ASCII).
+ADVISORY_LOCK_KEY = 0x66656E6365646B38 & 0x7FFFFFFFFFFFFFFF
+
+
+@dataclass
+class SweepReport:
+    pages: int = 0
+    pods_seen: int = 0
+    db_queries: int = 0
+    stale: int = 0
+    deleted: int = 0
+    skipped: str | None = None
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class Sweeper:
+    """One scheduler's sweep schedule and the sweep itself."""
+
+    def __init__(
+        self,
+        *,
+        kube_client: Any,
+        namespaces: Iterable[str | None],
+        interval: float,
+        page_size: int,
+        enforcing: bool,
+        request_args: dict | None = None,
+        read_rows: Callable = ledger.read_rows,
+        lock: Callable[[], Any] | None = None,
+    ):
+        self.kube_client = kube_client
+        self.namespaces = list(namespaces)
+        self.interval = interval
+        self.page_size = page_size
+        self.enforcing = enforcing
+        self.request_args = request_args or {}
+        self._read_rows = read_rows
+        self._lock = lock if lock is not None else advisory_lock
+        self._thread: threading.Thread | None = None
+        self._next_due = time.monotonic() + interval
+        self.last_report: SweepReport | None = None
+
+    def maybe_start(self) -> bool:
+        """Start a sweep in the background if one is due and none is running."""
+        if self.interval <= 0 or time.monotonic() < self._next_due:
+            return False
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        self._next_due = time.monotonic() + self.interval
+        self._thread = threading.Thread(target=self.run_once, name="fenced-k8s-sweep", daemon=True)
+        self._thread.start()
+        return True
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run_once(self) -> SweepReport:
+        report = SweepReport()
+        start = time.monotonic()
+        try:
+            with self._lock() as held:
+                if not held:
+                    report.skipped = "another scheduler is sweeping"
+                else:
+                    for namespace in self.namespaces:
+                        self._sweep_namespace(namespace, report)
+        except Exception as error:  # never let a sweep error escape: next interval retries
+            report.errors.append(repr(error))
+            log.warning("fenced_k8s_executor sweep failed: %r", error)
+        report.seconds = time.monotonic() - start
+        metrics.timing("sweep.duration", report.seconds)
+        metrics.incr("sweep.pods_scanned", count=report.pods_seen)
+        self.last_report = report
+        return report
+
+    def _sweep_namespace(self, namespace: str | None, report: SweepReport) -> None:
+        for page in pods.list_pages(
+            self.kube_client,
+            namespace,
+            label_selector=SWEEP_LABEL_SELECTOR,
+            field_selector=SWEEP_FIELD_SELECTOR,
+            page_size=self.page_size,
+            request_args=self.request_args,
+        ):
+            report.pages += 1
+            candidates = [ref for ref in page if ref.launch is not None and not ref.deleting]
+            report.pods_seen += len(page)
+            if not candidates:
+                continue
+            rows = self._read_rows(ref.launch.ti_id for ref in candidates)
+            report.db_queries += 1
+            for ref in candidates:
+                row = rows.get(ref.launch.ti_id)
+                verdict = verdicts.should_delete(ref.launch, row)
+                if not verdict.act:
+                    continue
+                report.stale += 1
+                deleted = self.enforcing and pods.delete(self.kube_client, ref, self.request_args)
+                report.deleted += int(bool(deleted))
+                metrics.decision(
+                    "pod.deleted" if deleted else "pod.stale",
+                    path="sweep",
+                    reason=verdict.reason.value,
+                    enforced=self.enforcing,
+                    pod=f"{ref.namespace}/{ref.name}",
+                    ti=ref.launch.ti_id,
+                    launch=short(ref.launch.token),
+                    current=short(row.token if row else None),
+                )
+
+
+class _Held:
+    def __init__(self, held: bool, close: Callable[[], None] | None = None):
+        self.held = held
+        self._close = close
+
+    def __enter__(self) -> bool:
+        return self.held
+
+    def __exit__(self, *exc: object) -> None:
+        if self._close:
+            self._close()
+
+
+def advisory_lock() -> _Held:
+    """Hold a transaction-scoped PostgreSQL advisory lock for the sweep; other DBs sweep unlocked."""
+    from sqlalchemy import text
+
+    from airflow.settings import Session
+
+    session = Session.session_factory()  # independent of the scheduler's scoped session
+    try:
+        if session.get_bind().dialect.name != "postgresql":
+            session.close()
+            return _Held(True)
+        held = bool(
+            session.execute(text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY}).scalar()
+        )
+    except Exception:
+        session.close()
+        raise
+
+    def close() -> None:
+        try:
+            session.rollback()
+        finally:
+            session.close()
+
+    return _Held(held, close)
