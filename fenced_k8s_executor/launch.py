@@ -46,7 +46,7 @@ class LaunchIdentity:
 
     @property
     def legacy(self) -> bool:
-        return self.token is None
+        return as_token(self.token) is None
 
     def annotations(self) -> dict[str, str]:
         data = {TI_ID_ANNOTATION: self.ti_id, TRY_NUMBER_ANNOTATION: str(self.try_number)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from fenced_k8s_executor.launch import LaunchIdentity, TaskRow
+from fenced_k8s_executor.launch import LaunchIdentity, TaskRow, as_token
 
 QUEUED = "queued"
 
@@ -38,7 +38,7 @@ def standing(launch: LaunchIdentity | None, row: TaskRow | None) -> Standing:
         return Standing.TI_GONE
     if row.token is None:
         return Standing.LEGACY_ROW
-    return Standing.CURRENT if row.token == launch.token else Standing.SUPERSEDED
+    return Standing.CURRENT if row.token == as_token(launch.token) else Standing.SUPERSEDED
 
 
 class Reason(str, enum.Enum):

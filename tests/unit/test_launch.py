@@ -1,0 +1,47 @@
+"""Launch identity <-> pod metadata, and deterministic pod names."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fenced_k8s_executor.launch import LaunchIdentity, as_token, from_pod_metadata, pod_name
+from fenced_k8s_executor.names import TI_ID_LABEL, TOKEN_ANNOTATION, TOKEN_LABEL
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def test_as_token_accepts_uuids_only():
+    token = str(uuid.uuid4())
+    assert as_token(token) == token
+    assert as_token(token.upper()) == token
+    assert as_token(None) is None
+    assert as_token("17") is None  # a scheduler job id written by the stock executor
+    assert as_token("") is None
+
+
+def test_identity_round_trips_through_pod_metadata():
+    launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=3, scheduler_job_id="9")
+    assert from_pod_metadata(launch.annotations()) == launch
+    assert launch.labels() == {TOKEN_LABEL: launch.token, TI_ID_LABEL: launch.ti_id}
+
+
+def test_pod_without_our_annotations_is_legacy():
+    assert from_pod_metadata({"dag_id": "d", "task_id": "t", "try_number": "1"}) is None
+    assert from_pod_metadata(None) is None
+
+
+def test_garbled_token_annotation_reads_as_no_token():
+    launch = from_pod_metadata({"fenced-k8s-executor.io/ti-id": "x", TOKEN_ANNOTATION: "garbage"})
+    assert launch is not None and launch.legacy
+
+
+@given(st.text(min_size=1, max_size=300), st.text(min_size=1, max_size=300), st.uuids(), st.integers(0, 99))
+def test_pod_names_are_valid_deterministic_and_distinct_per_attempt(dag_id, task_id, token, attempt):
+    name = pod_name(dag_id, task_id, str(token), attempt)
+    assert len(name) <= 63 and DNS_LABEL.match(name), name
+    assert name == pod_name(dag_id, task_id, str(token), attempt)
+    assert name != pod_name(dag_id, task_id, str(token), attempt + 1)

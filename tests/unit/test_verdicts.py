@@ -1,0 +1,157 @@
+"""The fencing decisions: exhaustive tables and properties over plain values."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fenced_k8s_executor.launch import LaunchIdentity, TaskRow
+from fenced_k8s_executor.verdicts import Reason, Standing, should_adopt, should_create, should_delete, standing
+
+T1, T2 = str(uuid.uuid4()), str(uuid.uuid4())
+TI = str(uuid.uuid4())
+JOB = 7
+
+
+def launch(token=T1, try_number=1, ti_id=TI):
+    return LaunchIdentity(ti_id=ti_id, token=token, try_number=try_number, scheduler_job_id=str(JOB))
+
+
+def row(token=T1, state="queued", try_number=1, owner=JOB, ti_id=TI):
+    return TaskRow(ti_id=ti_id, state=state, try_number=try_number, queued_by_job_id=owner, external_executor_id=token)
+
+
+@pytest.mark.parametrize(
+    "the_launch, the_row, expected",
+    [
+        (launch(), row(), Standing.CURRENT),
+        (launch(), row(token=T2), Standing.SUPERSEDED),
+        (launch(), None, Standing.TI_GONE),
+        (launch(token=None), row(), Standing.LEGACY_LAUNCH),
+        (None, row(), Standing.LEGACY_LAUNCH),
+        (launch(), row(token=None), Standing.LEGACY_ROW),
+        (launch(), row(token="42"), Standing.LEGACY_ROW),  # stock executor wrote its job id
+        (launch(token=T1.upper()), row(), Standing.CURRENT),  # canonical comparison
+    ],
+)
+def test_standing_table(the_launch, the_row, expected):
+    assert standing(the_launch, the_row) is expected
+
+
+@pytest.mark.parametrize(
+    "the_row, create, stock, reason",
+    [
+        (row(), True, True, Reason.CURRENT),
+        (None, False, False, Reason.TI_GONE),
+        (row(token=T2), False, True, Reason.SUPERSEDED),  # race a1: the stock check passes
+        (row(state="scheduled"), False, False, Reason.NOT_QUEUED),
+        (row(try_number=2), False, False, Reason.TRY_MISMATCH),
+        (row(owner=JOB + 1), False, False, Reason.OTHER_SCHEDULER),
+        (row(token=None), True, True, Reason.LEGACY),
+        (row(token=T2, state="running"), False, False, Reason.SUPERSEDED),
+    ],
+)
+def test_should_create_table(the_row, create, stock, reason):
+    verdict = should_create(launch(), the_row, JOB)
+    assert (verdict.act, verdict.stock, verdict.reason) == (create, stock, reason)
+
+
+def test_should_create_legacy_launch_is_the_stock_check():
+    assert should_create(launch(token=None), row(token=T2), JOB).act is True
+    assert should_create(launch(token=None), row(state="running"), JOB).act is False
+
+
+def test_should_create_non_numeric_scheduler_skips_the_stock_check_like_the_provider():
+    assert should_create(launch(), row(state="running"), None).act is True
+    assert should_create(launch(), row(token=T2), None).act is False
+
+
+@pytest.mark.parametrize(
+    "the_launch, the_row, delete, reason",
+    [
+        (launch(), row(), False, Reason.CURRENT),
+        (launch(), row(token=T2), True, Reason.SUPERSEDED),
+        (launch(), None, True, Reason.TI_GONE),
+        (launch(token=None), None, False, Reason.LEGACY),
+        (None, None, False, Reason.LEGACY),
+        (launch(), row(token=None), False, Reason.LEGACY),
+        (launch(), row(state="success"), False, Reason.CURRENT),
+    ],
+)
+def test_should_delete_table(the_launch, the_row, delete, reason):
+    verdict = should_delete(the_launch, the_row)
+    assert (verdict.act, verdict.stock, verdict.reason) == (delete, False, reason)
+
+
+@pytest.mark.parametrize(
+    "the_launch, ti_id, ti_token, adopt, reason",
+    [
+        (launch(), TI, T1, True, Reason.CURRENT),
+        (launch(), TI, T2, False, Reason.SUPERSEDED),
+        (launch(), str(uuid.uuid4()), T1, False, Reason.TI_GONE),
+        (launch(), TI, None, True, Reason.LEGACY),
+        (launch(), TI, "12", True, Reason.LEGACY),
+        (launch(token=None), TI, T2, True, Reason.LEGACY),
+        (None, TI, T2, True, Reason.LEGACY),
+    ],
+)
+def test_should_adopt_table(the_launch, ti_id, ti_token, adopt, reason):
+    verdict = should_adopt(the_launch, ti_id, ti_token)
+    assert (verdict.act, verdict.stock, verdict.reason) == (adopt, True, reason)
+
+
+tokens = st.one_of(st.none(), st.uuids().map(str), st.integers(0, 10**6).map(str), st.text(max_size=8))
+states = st.sampled_from([None, "queued", "scheduled", "running", "success", "failed", "up_for_retry"])
+rows = st.one_of(
+    st.none(),
+    st.builds(
+        TaskRow,
+        ti_id=st.just(TI),
+        state=states,
+        try_number=st.integers(0, 4),
+        queued_by_job_id=st.one_of(st.none(), st.integers(0, 9)),
+        external_executor_id=tokens,
+    ),
+)
+launches = st.one_of(
+    st.none(),
+    st.builds(
+        LaunchIdentity,
+        ti_id=st.just(TI),
+        token=st.one_of(st.none(), st.uuids().map(str)),
+        try_number=st.integers(0, 4),
+        scheduler_job_id=st.just(str(JOB)),
+    ),
+)
+
+
+@given(launches, rows)
+def test_delete_only_on_positive_evidence(the_launch, the_row):
+    verdict = should_delete(the_launch, the_row)
+    if verdict.act:
+        assert the_launch is not None and the_launch.token is not None
+        assert the_row is None or (the_row.token is not None and the_row.token != the_launch.token)
+
+
+@given(launches, rows)
+def test_the_current_launch_is_never_deleted(the_launch, the_row):
+    if the_launch is not None and the_row is not None and the_row.token == the_launch.token:
+        assert not should_delete(the_launch, the_row).act
+
+
+@given(launches, rows)
+def test_legacy_is_never_fenced(the_launch, the_row):
+    legacy = the_launch is None or the_launch.token is None or (the_row is not None and the_row.token is None)
+    if legacy:
+        assert not should_delete(the_launch, the_row).act
+
+
+@given(launches.filter(lambda launch: launch is not None), rows, st.one_of(st.none(), st.integers(0, 9)))
+def test_fenced_creation_never_creates_what_stock_would_not(the_launch, the_row, job):
+    verdict = should_create(the_launch, the_row, job)
+    assert not (verdict.act and not verdict.stock)
+    if verdict.stock and not verdict.act:
+        assert verdict.reason is Reason.SUPERSEDED
