@@ -1,0 +1,242 @@
+"""Static checks of the deployment files (Dockerfile, helm-values/, kind-config/).
+
+Runs in CI without Docker, kind, kubectl or helm: it only parses files. The kind path itself
+(tests/kind) needs a real cluster and is skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+from fenced_k8s_executor import names  # noqa: E402  (dependency-free module)
+
+ROOT = Path(__file__).resolve().parents[2]
+HELM_VALUES = ROOT / "helm-values"
+KIND_CONFIG = ROOT / "kind-config"
+
+#: Chart `executor` values for which the official chart binds the pod-launcher Role to the
+#: scheduler's service account (templates/rbac/pod-launcher-rolebinding.yaml).
+RBAC_RENDERING_EXECUTORS = {
+    "LocalExecutor",
+    "LocalKubernetesExecutor",
+    "KubernetesExecutor",
+    "CeleryKubernetesExecutor",
+}
+FENCED_FILES = ["fenced-ha.yaml", "fenced-production.yaml"]
+HA_FILES = ["fenced-ha.yaml", "stock-ha.yaml", "fenced-production.yaml"]
+
+_BOOL_STRINGS = {"true", "false", "1", "0", "yes", "no", "on", "off", "t", "f", "y", "n"}
+
+
+def _is_bool(v) -> bool:
+    return isinstance(v, bool) or (isinstance(v, str) and v.strip().lower() in _BOOL_STRINGS)
+
+
+def _is_int(v, minimum: int, maximum: int) -> bool:
+    if isinstance(v, bool):
+        return False
+    try:
+        return minimum <= int(str(v).strip()) <= maximum
+    except ValueError:
+        return False
+
+
+#: [fenced_kubernetes_executor] options and their validators.
+FENCED_OPTIONS = {
+    "mode": lambda v: str(v).strip().lower() in {"enforce", "audit", "off"},
+    "sweep_interval": lambda v: _is_int(v, 0, 86400),
+    "sweep_page_size": lambda v: _is_int(v, 1, 5000),
+    "launch_claim": _is_bool,
+    "worker_entrypoint": _is_bool,
+    "run_gate": _is_bool,
+}
+
+
+def _yaml_files() -> list[Path]:
+    files = sorted(HELM_VALUES.glob("**/*.yaml")) + sorted(HELM_VALUES.glob("**/*.yml"))
+    files += sorted(KIND_CONFIG.glob("**/*.yaml")) + sorted(KIND_CONFIG.glob("**/*.yml"))
+    return files
+
+
+def _load(path: Path):
+    with path.open() as fh:
+        return yaml.safe_load(fh)
+
+
+def _values(name: str) -> dict:
+    data = _load(HELM_VALUES / name)
+    assert isinstance(data, dict), f"{name}: top level must be a mapping"
+    return data
+
+
+def test_there_are_deploy_files():
+    found = {p.relative_to(ROOT).as_posix() for p in _yaml_files()}
+    for required in [
+        "helm-values/fenced-ha.yaml",
+        "helm-values/stock-ha.yaml",
+        "helm-values/fenced-production.yaml",
+        "kind-config/cluster.yaml",
+        "kind-config/pending-pressure/quota.yaml",
+    ]:
+        assert required in found
+
+
+@pytest.mark.parametrize("path", _yaml_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_yaml_parses(path: Path):
+    with path.open() as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if d is not None]
+    assert docs, f"{path} is empty"
+
+
+@pytest.mark.parametrize("name", FENCED_FILES)
+def test_fenced_values_avoid_the_rbac_trap(name: str):
+    values = _values(name)
+    chart_executors = [e.strip() for e in str(values.get("executor", "")).split(",") if e.strip()]
+    # The chart matches the entries literally; the class name must be one it knows.
+    assert any(e in RBAC_RENDERING_EXECUTORS for e in chart_executors), (
+        f"{name}: chart `executor` is {values.get('executor')!r}; the chart renders the "
+        f"scheduler's pod-launcher RoleBinding only for {sorted(RBAC_RENDERING_EXECUTORS)}"
+    )
+    assert names.EXECUTOR_CLASS_PATH not in chart_executors
+    core_executor = values["config"]["core"]["executor"]
+    entries = [e.strip() for e in str(core_executor).split(",")]
+    assert entries[0] == names.EXECUTOR_CLASS_PATH, f"{name}: config.core.executor={core_executor!r}"
+    # Never the stock executor and the subclass together: both would adopt the same pods.
+    assert "KubernetesExecutor" not in entries
+
+
+def test_executor_class_path_is_importable():
+    module_name, _, class_name = names.EXECUTOR_CLASS_PATH.rpartition(".")
+    module = importlib.import_module(module_name)
+    cls = getattr(module, class_name)
+    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
+
+    assert issubclass(cls, KubernetesExecutor)
+
+
+def test_stock_and_fenced_ha_differ_only_in_executor_and_section():
+    stock, fenced = _values("stock-ha.yaml"), _values("fenced-ha.yaml")
+    assert stock["config"]["core"]["executor"] == "KubernetesExecutor"
+    assert names.CONFIG_SECTION not in stock["config"]
+    assert names.CONFIG_SECTION in fenced["config"]
+
+    def normalise(values: dict) -> dict:
+        values = {**values, "config": {k: dict(v) for k, v in values["config"].items()}}
+        values["config"].pop(names.CONFIG_SECTION, None)
+        values["config"]["core"].pop("executor")
+        return values
+
+    assert normalise(stock) == normalise(fenced)
+
+
+@pytest.mark.parametrize("name", HA_FILES)
+def test_ha_files_run_two_schedulers(name: str):
+    assert int(_values(name)["scheduler"]["replicas"]) >= 2
+
+
+@pytest.mark.parametrize("name", FENCED_FILES)
+def test_fenced_section_options_are_known_and_valid(name: str):
+    section = _values(name)["config"][names.CONFIG_SECTION]
+    assert isinstance(section, dict) and section
+    unknown = set(section) - set(FENCED_OPTIONS)
+    assert not unknown, f"{name}: unknown [{names.CONFIG_SECTION}] options {sorted(unknown)}"
+    for option, value in section.items():
+        assert FENCED_OPTIONS[option](value), f"{name}: {option}={value!r} is not valid"
+
+
+@pytest.mark.parametrize("name", FENCED_FILES)
+def test_fenced_section_is_accepted_by_the_executor_config_parser(name: str):
+    config = pytest.importorskip("fenced_k8s_executor.config")
+    assert set(config.OPTIONS) == set(FENCED_OPTIONS), "option list drifted from fenced_k8s_executor.config"
+    section = _values(name)["config"][names.CONFIG_SECTION]
+    config.parse({k: str(v) for k, v in section.items()})  # raises FencedConfigError when invalid
+
+
+def test_production_starts_in_audit_mode_with_metrics():
+    values = _values("fenced-production.yaml")
+    assert values["config"][names.CONFIG_SECTION]["mode"] == "audit"
+    assert values.get("statsd", {}).get("enabled") is True
+    # No reproduction shortcuts in the production example.
+    assert "task_queued_timeout" not in values["config"].get("scheduler", {})
+    assert "delete_worker_pods" not in values["config"].get("kubernetes_executor", {})
+
+
+def test_kind_values_keep_evidence_and_expose_the_api_server():
+    cluster = _load(KIND_CONFIG / "cluster.yaml")
+    host_ports = {
+        m["containerPort"]: m
+        for node in cluster["nodes"]
+        for m in node.get("extraPortMappings", [])
+    }
+    for name in ["fenced-ha.yaml", "stock-ha.yaml"]:
+        values = _values(name)
+        assert str(values["config"]["kubernetes_executor"]["delete_worker_pods"]) == "False"
+        service = values["apiServer"]["service"]
+        assert service["type"] == "NodePort"
+        node_ports = {p.get("nodePort") for p in service["ports"]}
+        assert node_ports & set(host_ports), f"{name}: api-server nodePort not mapped by kind"
+        assert values["images"]["airflow"]["repository"] == "fenced-k8s-executor"
+
+
+def _dockerfile_from_images(text: str) -> list[str]:
+    args: dict[str, str] = {}
+    images = []
+    for line in text.splitlines():
+        line = line.strip()
+        if m := re.match(r"ARG\s+(\w+)=(\S+)", line):
+            args.setdefault(m.group(1), m.group(2))
+        elif m := re.match(r"FROM\s+(?:--\S+\s+)*(\S+)", line, re.IGNORECASE):
+            image = re.sub(r"\$\{?(\w+)\}?", lambda a: args.get(a.group(1), a.group(0)), m.group(1))
+            images.append(image)
+    return images
+
+
+def test_dockerfile_builds_on_airflow_33_and_installs_the_package():
+    text = (ROOT / "Dockerfile").read_text()
+    images = _dockerfile_from_images(text)
+    assert images and re.fullmatch(r"apache/airflow:3\.3\.\d+(-python3\.\d+)?", images[0]), images
+    copy_dest = re.search(r"^COPY\s+(?:--\S+\s+)*\.\s+(\S+)\s*$", text, re.MULTILINE)
+    assert copy_dest, "the Dockerfile must COPY the source tree (.)"
+    pip = [ln for ln in text.splitlines() if "pip install" in ln]
+    assert any("--no-cache-dir" in ln and copy_dest.group(1) in ln for ln in pip), pip
+    assert re.search(r"^USER\s+airflow\s*$", text, re.MULTILINE)
+
+
+def test_kind_cluster_binds_the_api_server_to_localhost():
+    cluster = _load(KIND_CONFIG / "cluster.yaml")
+    assert cluster["networking"]["apiServerAddress"] == "127.0.0.1"
+    roles = [n["role"] for n in cluster["nodes"]]
+    assert roles.count("control-plane") == 1 and roles.count("worker") == 2
+    for node in cluster["nodes"]:
+        for mapping in node.get("extraPortMappings", []):
+            assert mapping.get("listenAddress") == "127.0.0.1"
+
+
+def test_quota_limits_pods():
+    quota = _load(KIND_CONFIG / "pending-pressure" / "quota.yaml")
+    assert quota["kind"] == "ResourceQuota"
+    assert "pods" in quota["spec"]["hard"]
+
+
+@pytest.mark.parametrize(
+    "script", ["up.sh", "down.sh", "pending-pressure/taint.sh"], ids=lambda s: s
+)
+def test_scripts_are_strict(script: str):
+    text = (KIND_CONFIG / script).read_text()
+    assert text.startswith("#!/usr/bin/env bash")
+    assert "set -euo pipefail" in text
+
+
+def test_up_sh_pins_the_chart_version_in_one_variable():
+    text = (KIND_CONFIG / "up.sh").read_text()
+    m = re.search(r'^CHART_VERSION="\$\{CHART_VERSION:-(\d+\.\d+\.\d+)\}"', text, re.MULTILINE)
+    assert m, "up.sh must define CHART_VERSION with a pinned default"
+    assert '--version "${CHART_VERSION}"' in text
+    for flavour in ["stock", "fenced"]:
+        assert (HELM_VALUES / f"{flavour}-ha.yaml").exists()
