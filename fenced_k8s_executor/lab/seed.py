@@ -1,0 +1,175 @@
+"""Metadata rows without a dag-processor: DAGs, runs and task instances written the way the
+scheduler writes them, plus the transitions the races need (re-queue with the same id and try,
+clear to a new try). Used by integration tests and the benchmark to build interleavings
+deliberately and to fill a realistic DB quickly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Iterable
+
+import sqlalchemy as sa
+
+BUNDLE = "dags-folder"
+
+
+@dataclass(frozen=True)
+class SeededTI:
+    id: str
+    dag_id: str
+    task_id: str
+    run_id: str
+    try_number: int
+    map_index: int
+    dag_version_id: str
+    token: str | None
+
+
+def seed_dag(engine: sa.Engine, dag_id: str) -> str:
+    """Bundle, DAG and one DAG version; returns the dag_version id."""
+    version_id = str(uuid.uuid4())
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO dag_bundle(name) VALUES (:b) ON CONFLICT DO NOTHING"), {"b": BUNDLE})
+        conn.execute(
+            sa.text(
+                "INSERT INTO dag(dag_id, is_paused, is_stale, bundle_name, timetable_type, partition_mapper_info,"
+                " max_active_tasks, max_consecutive_failed_dag_runs, has_task_concurrency_limits, owners,"
+                " relative_fileloc) VALUES (:d, false, false, :b, '', '{}', 16, 0, false, 'lab', :f)"
+                " ON CONFLICT DO NOTHING"
+            ),
+            {"d": dag_id, "b": BUNDLE, "f": f"{dag_id}.py"},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO dag_version(id, version_number, dag_id, bundle_name, created_at, last_updated)"
+                " VALUES (:v, 1, :d, :b, now(), now())"
+            ),
+            {"v": version_id, "d": dag_id, "b": BUNDLE},
+        )
+    return version_id
+
+
+def seed_run(engine: sa.Engine, dag_id: str, run_id: str, dag_version_id: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO dag_run(dag_id, run_id, run_type, run_after, state, logical_date, start_date,"
+                " created_dag_version_id) VALUES (:d, :r, 'manual', now(), 'running', now(), now(), :v)"
+            ),
+            {"d": dag_id, "r": run_id, "v": dag_version_id},
+        )
+
+
+def insert_tis(
+    engine: sa.Engine,
+    dag_id: str,
+    run_id: str,
+    dag_version_id: str,
+    task_ids: Iterable[str],
+    *,
+    state: str = "queued",
+    queued_by_job_id: int | None = None,
+    with_token: bool = True,
+    try_number: int = 1,
+) -> list[SeededTI]:
+    """Insert task instances as the scheduler leaves them after queueing (token pre-assigned)."""
+    made = []
+    for task_id in task_ids:
+        made.append(
+            SeededTI(
+                id=str(uuid.uuid4()),
+                dag_id=dag_id,
+                task_id=task_id,
+                run_id=run_id,
+                try_number=try_number,
+                map_index=-1,
+                dag_version_id=dag_version_id,
+                token=str(uuid.uuid4()) if with_token else None,
+            )
+        )
+    if made:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO task_instance(id, task_id, dag_id, run_id, map_index, try_number, max_tries,"
+                    " pool, pool_slots, state, queue, priority_weight, dag_version_id, external_executor_id,"
+                    " queued_by_job_id, queued_dttm) VALUES (:id, :task_id, :dag_id, :run_id, -1, :try_number, 2,"
+                    " 'default_pool', 1, :state, 'default', 1, :v, :token, :job, now())"
+                ),
+                [
+                    {
+                        "id": ti.id,
+                        "task_id": ti.task_id,
+                        "dag_id": ti.dag_id,
+                        "run_id": ti.run_id,
+                        "try_number": ti.try_number,
+                        "state": state,
+                        "v": ti.dag_version_id,
+                        "token": ti.token,
+                        "job": queued_by_job_id,
+                    }
+                    for ti in made
+                ],
+            )
+    return made
+
+
+def requeue_same_id(engine: sa.Engine, ti: SeededTI, queued_by_job_id: int | None) -> SeededTI:
+    """Stuck-in-queued / deferral resume: the same id and try queued again with a fresh token."""
+    token = str(uuid.uuid4())
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE task_instance SET state='queued', external_executor_id=:t, queued_by_job_id=:j,"
+                " queued_dttm=now() WHERE id=:id"
+            ),
+            {"t": token, "j": queued_by_job_id, "id": ti.id},
+        )
+    return SeededTI(**{**ti.__dict__, "token": token})
+
+
+def clear_to_next_try(engine: sa.Engine, ti: SeededTI, *, queued_by_job_id: int | None = None) -> SeededTI:
+    """Clear/retry/orphan reset: the row gets a new id and the next try (the old id is gone), and
+    is queued again with a fresh token when ``queued_by_job_id`` is given."""
+    new = SeededTI(
+        **{
+            **ti.__dict__,
+            "id": str(uuid.uuid4()),
+            "try_number": ti.try_number + 1,
+            "token": str(uuid.uuid4()) if queued_by_job_id is not None else None,
+        }
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE task_instance SET id=:new, try_number=:try, state=:state, external_executor_id=:t,"
+                " queued_by_job_id=:j WHERE id=:old"
+            ),
+            {
+                "new": new.id,
+                "try": new.try_number,
+                "state": "queued" if queued_by_job_id is not None else "scheduled",
+                "t": new.token,
+                "j": queued_by_job_id,
+                "old": ti.id,
+            },
+        )
+    return new
+
+
+def set_state(engine: sa.Engine, ti: SeededTI, state: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE task_instance SET state=:s WHERE id=:id"), {"s": state, "id": ti.id})
+
+
+def row(engine: sa.Engine, ti_id: str) -> dict | None:
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.text(
+                "SELECT id, state, try_number, external_executor_id, queued_by_job_id FROM task_instance WHERE id=:id"
+            ),
+            {"id": ti_id},
+        ).mappings().first()
+    return dict(found) if found else None
