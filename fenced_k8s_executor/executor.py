@@ -9,7 +9,8 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     )
 
 log = logging.getLogger("fenced_k8s_executor")
+
+#: How many fenced-out pod names to remember (a few hours of churn; entries are small).
+FENCED_OUT_MEMORY = 20_000
 
 QUEUED = TaskInstanceState.QUEUED
 RUNNING = TaskInstanceState.RUNNING
@@ -69,11 +73,16 @@ class FencedKubernetesExecutor(KubernetesExecutor):
         self.fence: config.FencedConfig | None = None
         self.sweeper: Sweeper | None = None
         self._launches: dict[str, LaunchIdentity] = {}  # pod name -> launch (created/adopted here)
+        # Pods fenced out (deleted as stale) keep resolving after they are gone: their late
+        # DELETED/"adopted" events must not reach the live launch's bookkeeping either.
+        self._fenced_out: OrderedDict[str, LaunchIdentity] = OrderedDict()
+        self._fenced_out_lock = threading.Lock()  # the sweep thread records here too
         self._carry: deque[KubernetesJob] = deque()  # fenced batch jobs not reached this loop
         self._precreate: dict[int, tuple[LaunchIdentity, verdicts.Verdict]] = {}
         self._publish_failed: set[int] = set()
         self._unverified: list[tuple[KubernetesJob, LaunchIdentity]] = []  # created, awaiting re-check
         self._state_verdicts: dict[int, tuple[LaunchIdentity | None, verdicts.Verdict, Any]] = {}
+        self._adopting: dict = {}  # key -> TI, during try_adopt_task_instances
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -88,6 +97,7 @@ class FencedKubernetesExecutor(KubernetesExecutor):
                 page_size=self.fence.sweep_page_size,
                 enforcing=self.fence.enforcing,
                 request_args=self.kube_config.kube_client_request_args,
+                on_stale=lambda ref: self._remember_fenced_out(ref.name, ref.launch),
             )
         log.info("fenced_k8s_executor started mode=%s sweep_interval=%s", self.fence.mode.value,
                  self.fence.sweep_interval)
@@ -321,6 +331,7 @@ class FencedKubernetesExecutor(KubernetesExecutor):
                 name, namespace = self._pod_location(job)
                 if name:
                     self._delete_launch_pod(name, namespace, launch, "post_create", verdict, rows.get(launch.ti_id))
+                    self._remember_fenced_out(name, launch)
 
     # ---------------------------------------------------------------- state-change fence (b1-b5)
 
@@ -352,8 +363,16 @@ class FencedKubernetesExecutor(KubernetesExecutor):
             row = rows.get(launch.ti_id) if launch is not None else None
             self._state_verdicts[id(result)] = (launch, verdicts.should_swallow(launch, row), row)
 
+    def _remember_fenced_out(self, name: str, launch: LaunchIdentity) -> None:
+        with self._fenced_out_lock:
+            self._launches.pop(name, None)
+            self._fenced_out[name] = launch
+            while len(self._fenced_out) > FENCED_OUT_MEMORY:
+                self._fenced_out.popitem(last=False)
+
     def _launch_of_pod(self, name: str, namespace: str) -> LaunchIdentity | None:
-        launch = self._launches.get(name)
+        with self._fenced_out_lock:
+            launch = self._launches.get(name) or self._fenced_out.get(name)
         if launch is None:
             ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
             launch = ref.launch if ref is not None else None
@@ -386,7 +405,7 @@ class FencedKubernetesExecutor(KubernetesExecutor):
             )
             if self._enforcing:
                 self._delete_launch_pod(results.pod_name, results.namespace, launch, "state_change", verdict, row)
-                self._launches.pop(results.pod_name, None)
+                self._remember_fenced_out(results.pod_name, launch)
                 return
         if self._enforcing and results.state == FAILED:
             self._rename_requeue_job(results.key)
@@ -416,11 +435,21 @@ class FencedKubernetesExecutor(KubernetesExecutor):
 
     # ---------------------------------------------------------------- adoption fence (c)
 
+    def try_adopt_task_instances(self, tis: Any) -> Any:
+        # The provider forgets a TI once one pod was adopted for it; the fence must still judge
+        # the other pods of that key against the TI (several pods, one key).
+        self._adopting = {ti.key: ti for ti in tis}
+        try:
+            return super().try_adopt_task_instances(tis)
+        finally:
+            self._adopting = {}
+
     def adopt_launched_task(self, kube_client: Any, pod: Any, tis_to_flush_by_key: dict) -> None:
         if not self._fencing:
             return super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
         ref = pods.ref_from_metadata(pod.metadata)
-        ti = tis_to_flush_by_key.get(annotations_to_key(pod.metadata.annotations))
+        key = annotations_to_key(pod.metadata.annotations)
+        ti = tis_to_flush_by_key.get(key) or self._adopting.get(key)
         if ti is not None and ref.launch is not None:
             verdict = verdicts.should_adopt(ref.launch, str(ti.id), ti.external_executor_id)
             if not verdict.act:
@@ -438,6 +467,7 @@ class FencedKubernetesExecutor(KubernetesExecutor):
                 )
                 if deleted:
                     metrics.incr("pod.deleted", {"path": "adoption", "reason": verdict.reason.value})
+                    self._remember_fenced_out(ref.name, ref.launch)
                 if self._enforcing:
                     return  # not adopted: the scheduler resets the TI as usual
         super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)

@@ -115,7 +115,7 @@ def list_pages(
             query_params=query,
             header_params={"Accept": METADATA_LIST_ACCEPT},
             auth_settings=["BearerToken"],
-            response_type="object",
+            response_types_map={200: "object"},
             _return_http_data_only=True,
             _preload_content=True,
             **(request_args or {}),

@@ -55,6 +55,7 @@ class Sweeper:
         request_args: dict | None = None,
         read_rows: Callable = ledger.read_rows,
         lock: Callable[[], Any] | None = None,
+        on_stale: Callable[[pods.PodRef], None] | None = None,
     ):
         self.kube_client = kube_client
         self.namespaces = list(namespaces)
@@ -64,6 +65,7 @@ class Sweeper:
         self.request_args = request_args or {}
         self._read_rows = read_rows
         self._lock = lock if lock is not None else advisory_lock
+        self._on_stale = on_stale
         self._thread: threading.Thread | None = None
         self._next_due = time.monotonic() + interval
         self.last_report: SweepReport | None = None
@@ -124,6 +126,8 @@ class Sweeper:
                 if not verdict.act:
                     continue
                 report.stale += 1
+                if self._on_stale is not None:
+                    self._on_stale(ref)
                 deleted = self.enforcing and pods.delete(self.kube_client, ref, self.request_args)
                 report.deleted += int(bool(deleted))
                 metrics.decision(
