@@ -14,6 +14,7 @@ from collections import OrderedDict, deque
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
+from kubernetes.client import Configuration
 from kubernetes.client import models as k8s
 
 from airflow.executors.base_executor import BaseExecutor
@@ -42,6 +43,21 @@ FENCED_OUT_MEMORY = 20_000
 QUEUED = TaskInstanceState.QUEUED
 RUNNING = TaskInstanceState.RUNNING
 FAILED = TaskInstanceState.FAILED
+
+
+class _SharedModelConfiguration(Configuration):
+    """One read-only client configuration for the fence's pod override models.
+
+    Every kubernetes model carries its own Configuration, and the provider deep-copies the pod
+    override several times per pod; copying a Configuration is the expensive part (it resets
+    logger levels). Sharing one instance keeps the override nearly free to merge.
+    """
+
+    def __deepcopy__(self, memo: dict) -> _SharedModelConfiguration:
+        return self
+
+
+_MODEL_CONFIG = _SharedModelConfiguration()
 
 
 def _workload_of(command: Any) -> Any:
@@ -151,16 +167,16 @@ class FencedKubernetesExecutor(KubernetesExecutor):
 
     def _fence_pod(self, workload: Any, launch: LaunchIdentity, attempt: int) -> k8s.V1Pod:
         """The pod override carrying the launch identity (and, when enforcing, name and entrypoint)."""
-        meta = k8s.V1ObjectMeta(annotations=launch.annotations(), labels=launch.labels())
-        pod = k8s.V1Pod(metadata=meta)
+        shared = {"local_vars_configuration": _MODEL_CONFIG}
+        meta = k8s.V1ObjectMeta(annotations=launch.annotations(), labels=launch.labels(), **shared)
+        pod = k8s.V1Pod(metadata=meta, **shared)
         if self._enforcing and launch.token:
             meta.name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token, attempt)
             if self.fence.worker_entrypoint:
                 from fenced_k8s_executor import worker
 
-                pod.spec = k8s.V1PodSpec(
-                    containers=[k8s.V1Container(name="base", args=worker.command_args(workload))]
-                )
+                container = k8s.V1Container(name="base", args=worker.command_args(workload), **shared)
+                pod.spec = k8s.V1PodSpec(containers=[container], **shared)
         return pod
 
     def execute_async(self, key: Any, command: Any, queue: str | None = None, executor_config: Any = None) -> None:
@@ -491,9 +507,11 @@ class FencedKubernetesExecutor(KubernetesExecutor):
                     for ref in page:
                         if ref.deleting or ref.launch is None or ref.launch.ti_id != str(ti.id):
                             continue
-                        deleted = self._enforcing and pods.delete(
-                            self.kube_client, ref, self.kube_config.kube_client_request_args
-                        )
+                        deleted = False
+                        if self._enforcing:
+                            # Like the provider: a revoked pod's events are not the task's outcome.
+                            self.kube_scheduler.patch_pod_revoked(pod_name=ref.name, namespace=ref.namespace)
+                            deleted = pods.delete(self.kube_client, ref, self.kube_config.kube_client_request_args)
                         metrics.decision(
                             "pod.deleted" if deleted else "pod.revoked",
                             path="revoke",

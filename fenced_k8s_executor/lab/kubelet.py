@@ -15,6 +15,7 @@ wins, see `read_records`) that the lab's measurements read.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import logging
 import math
@@ -129,6 +130,27 @@ def pod_env(pod: dict, base_env: dict[str, str], node_name: str) -> dict[str, st
     return env
 
 
+def workload_identity(pod: dict) -> tuple[str | None, int | None]:
+    """(TI id, JWT issued-at) of the pod's `--json-string` workload: which task instance the pod
+    runs and when its launch was handed to the executor (stock and fenced pods alike)."""
+    for ctr in (pod.get("spec") or {}).get("containers") or []:
+        args = [*(ctr.get("command") or []), *(ctr.get("args") or [])]
+        if "--json-string" not in args:
+            continue
+        try:
+            workload = json.loads(args[args.index("--json-string") + 1])
+            ti_id = workload["ti"]["id"]
+        except (IndexError, KeyError, TypeError, ValueError):
+            return None, None
+        try:
+            payload = workload["token"].split(".")[1]
+            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+            return ti_id, int(claims["iat"])
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+            return ti_id, None
+    return None, None
+
+
 class _PodRun:
     """Per-pod state shared by the watch thread and the pod's worker thread."""
 
@@ -145,6 +167,7 @@ class _PodRun:
             "name": self.name, "namespace": md.get("namespace"), "uid": self.uid,
             "labels": md.get("labels") or {}, "annotations": md.get("annotations") or {},
             "created": md.get("creationTimestamp"), "seen_at": time.time(), "start_delay": None,
+            "ti_id": workload_identity(pod)[0], "launch_iat": workload_identity(pod)[1],
             "bound_at": None, "started_at": None, "pid": None, "finished_at": None, "exit_code": None,
             "reason": None, "phase": "Pending", "deletion_seen_at": None, "deleted_at": None,
             "deleted_before_start": False, "log_file": None,

@@ -1,0 +1,128 @@
+"""Scenarios 1 and 2: the pre-creation check per batch, and pod launch throughput."""
+
+from __future__ import annotations
+
+import math
+import queue
+import time
+
+from fenced_k8s_executor import ledger
+from fenced_k8s_executor.lab.bench.env import Lab, forget, interleaved, median, progress, workload
+
+
+def precreate(lab: Lab, sizes: list[int], reps: int) -> dict:
+    """DB round trips and wall time of the creation loop's check for a batch of N jobs.
+
+    Both executors run their real ``_create_pods_sequentially`` (the fenced one through
+    ``_fenced_creation_batch``) over an in-process queue holding exactly N jobs, with
+    ``kube_scheduler.run_next`` made a no-op for this measurement only: what is timed is the
+    check (stock: one SELECT per job; fenced: one batched read + a verdict per job).
+    """
+    execs = {kind: lab.executor(kind, namespace=f"bench-pre-{kind}") for kind in ("stock", "fenced")}
+    tis = {kind: lab.queued_tis(max(sizes), ex.job_id, f"pre_{kind}") for kind, ex in execs.items()}
+    raw: dict = {str(n): {"stock": [], "fenced": []} for n in sizes}
+    for n in sizes:
+        for rep, kind in [(-1, "stock"), (-1, "fenced")] + list(interleaved(reps)):  # rep -1: warm-up
+            ex = execs[kind]
+            sample = _precreate_once(lab, ex, tis[kind][:n])
+            if rep >= 0:
+                raw[str(n)][kind].append(sample)
+        s, f = raw[str(n)]["stock"], raw[str(n)]["fenced"]
+        progress(f"pre-create N={n}: stock {median([x['seconds'] for x in s]) * 1e3:.2f} ms"
+                 f" / {s[0]['db']['statements']} stmts, fenced {median([x['seconds'] for x in f]) * 1e3:.2f} ms"
+                 f" / {f[0]['db']['statements']} stmts")
+    for ex in execs.values():
+        lab.end_executor(ex)
+    out = {"raw": raw, "round_trips": {}, "wire_round_trips": {}, "seconds": {}, "wall_ratio": {}}
+    for n, by_kind in raw.items():
+        out["round_trips"][n] = {k: max(x["db"]["statements"] for x in v) for k, v in by_kind.items()}
+        out["wire_round_trips"][n] = {k: max(x["db"]["wire"] for x in v) for k, v in by_kind.items()}
+        out["seconds"][n] = {k: median([x["seconds"] for x in v]) for k, v in by_kind.items()}
+        out["wall_ratio"][n] = out["seconds"][n]["fenced"] / out["seconds"][n]["stock"]
+    return out
+
+
+def _precreate_once(lab: Lab, ex, tis: list) -> dict:
+    local: queue.Queue = queue.Queue()
+    real_queue = ex.task_queue
+    ex.task_queue = local
+    ex.kube_config.worker_pods_creation_batch_size = len(tis)
+    created: list = []
+    try:
+        for ti in tis:
+            ex.queue_workload(workload(ti), session=None)
+        ex.trigger_tasks(open_slots=len(tis))
+        ex.kube_scheduler.run_next = created.append  # no pod creation: the check alone
+        before, counter = lab.trips.snapshot(), ledger.ROUND_TRIPS
+        t0 = time.perf_counter()
+        ex._create_pods_sequentially()
+        seconds = time.perf_counter() - t0
+        db = lab.trips.since(before)
+    finally:
+        ex.kube_scheduler.__dict__.pop("run_next", None)
+        ex.task_queue = real_queue
+    if len(created) != len(tis) or not local.empty():
+        raise RuntimeError(f"{type(ex).__name__} created {len(created)} of {len(tis)} current jobs")
+    unverified = getattr(ex, "_unverified", None)
+    forget(ex)
+    if unverified is not None:  # steady state: the next batch's query re-checks these too
+        ex._unverified = unverified
+    return {"seconds": seconds, "db": db, "ledger_counter": ledger.ROUND_TRIPS - counter}
+
+
+def launch(lab: Lab, pods: int, reps: int, batch_size: int) -> dict:
+    """Pods/s from the first sync until all ``pods`` pods exist in the emulator, per creation path."""
+    out: dict = {"raw": {}, "pods_per_second": {}, "ratio": {}, "batch_size": batch_size, "pods": pods}
+    for mode, async_creation in (("sequential", False), ("concurrent", True)):
+        execs = {kind: lab.executor(kind, namespace=f"bench-launch-{mode}-{kind}", batch_size=batch_size,
+                                    async_creation=async_creation) for kind in ("stock", "fenced")}
+        raw: dict = {"stock": [], "fenced": []}
+        warm = [(-1, "stock"), (-1, "fenced")]
+        for rep, kind in warm + list(interleaved(reps)):
+            sample = _launch_once(lab, execs[kind], pods if rep >= 0 else batch_size, batch_size)
+            if rep >= 0:
+                raw[kind].append(sample)
+                progress(f"launch {mode} rep {rep} {kind}: {sample['pods_per_second']:.0f} pods/s"
+                         f" ({sample['syncs']} syncs, {sample['db']['statements']} DB statements,"
+                         f" build_pod {sample['build_pod_seconds'] * 1e3:.2f} ms/pod)")
+        for ex in execs.values():
+            lab.end_executor(ex)
+        pps = {k: median([x["pods_per_second"] for x in v]) for k, v in raw.items()}
+        out["raw"][mode] = raw
+        out["pods_per_second"][mode] = pps
+        out["ratio"][mode] = pps["fenced"] / pps["stock"]
+        out.setdefault("build_pod_seconds", {})[mode] = {
+            k: median([x["build_pod_seconds"] for x in v]) for k, v in raw.items()}
+        out.setdefault("trigger_seconds", {})[mode] = {k: median([x["trigger_seconds"] for x in v]) for k, v in raw.items()}
+    return out
+
+
+def _launch_once(lab: Lab, ex, count: int, batch_size: int) -> dict:
+    tis = lab.queued_tis(count, ex.job_id, "launch")
+    base = lab.pod_count()
+    t0 = time.perf_counter()
+    for ti in tis:
+        ex.queue_workload(workload(ti), session=None)
+    ex.trigger_tasks(open_slots=count)  # execute_async for every job (fenced: pod override, claim)
+    t1 = time.perf_counter()
+    before = lab.trips.snapshot()
+    syncs = 0
+    limit = 3 * math.ceil(count / batch_size) + 20
+    while syncs < limit:
+        ex.sync()
+        syncs += 1
+        if lab.pod_count() - base >= count:
+            break
+    t2 = time.perf_counter()
+    db = lab.trips.since(before)
+    made = lab.pod_count() - base
+    build = []  # the provider's pod build (no API call) for the same jobs: where fenced pays extra
+    for attempt in list(ex.pod_launch_attempts.values())[:32]:
+        b0 = time.perf_counter()
+        ex.kube_scheduler._build_pod_request(attempt.job)
+        build.append(time.perf_counter() - b0)
+    forget(ex)
+    if made < count:
+        raise RuntimeError(f"{type(ex).__name__}: only {made} of {count} pods after {syncs} syncs")
+    return {"seconds": t2 - t1, "trigger_seconds": t1 - t0, "syncs": syncs, "pods_per_second": count / (t2 - t1),
+            "pods_per_second_incl_trigger": count / (t2 - t0), "db": db, "build_pod_seconds": median(build)}

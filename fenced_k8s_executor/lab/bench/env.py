@@ -1,0 +1,405 @@
+"""The benchmark's world: embedded PostgreSQL with a realistic metadata DB, the Kubernetes API
+emulator (and process kubelets) in subprocesses, real stock/fenced executors, and counters.
+
+The emulator and kubelets run in their own processes so that their CPU work does not share the
+measured process's GIL (a real API server and kubelet never do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+STOCK = "airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor"
+FENCED = "fenced_k8s_executor.FencedKubernetesExecutor"
+KINDS = ("stock", "fenced")
+JWT_SECRET = "bench-jwt-secret-" + "x" * 48
+BUNDLE = "dags-folder"
+
+POD_TEMPLATE = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: placeholder
+spec:
+  restartPolicy: Never
+  containers:
+    - name: base
+      image: lab/airflow:local
+      command: ["python", "-c", "import time; time.sleep(0.5)"]
+"""
+
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    print(f"[bench {time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, int(-(-q * len(ordered) // 100)))  # ceil(q/100 * n)
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def interleaved(reps: int) -> Iterator[tuple[int, str]]:
+    """(rep, kind) in ABBA order: stock, fenced, fenced, stock, ... to cancel drift."""
+    for rep in range(reps):
+        for kind in (KINDS if rep % 2 == 0 else KINDS[::-1]):
+            yield rep, kind
+
+
+# ---------------------------------------------------------------- DB round-trip counting
+
+
+class RoundTrips:
+    """SQLAlchemy event listeners on Airflow's engine: what really goes over the wire.
+
+    ``statements`` are cursor executes (before_cursor_execute); psycopg2 also sends BEGIN before a
+    transaction's first statement and COMMIT/ROLLBACK at its end, and with ``pool_pre_ping`` every
+    pool checkout pings the server (SELECT 1, not seen by cursor events).
+    """
+
+    def __init__(self, engine: Any):
+        from sqlalchemy import event
+
+        self.engine = engine
+        self.pre_ping = bool(getattr(engine.pool, "_pre_ping", False))
+        self.counts = {"statements": 0, "begin": 0, "commit": 0, "rollback": 0, "checkout": 0}
+        self.texts: list[str] = []
+        self.keep_texts = False
+        event.listen(engine, "before_cursor_execute", self._on_stmt)
+        event.listen(engine, "begin", lambda conn: self._bump("begin"))
+        event.listen(engine, "commit", lambda conn: self._bump("commit"))
+        event.listen(engine, "rollback", lambda conn: self._bump("rollback"))
+        event.listen(engine.pool, "checkout", lambda *a: self._bump("checkout"))
+
+    def _bump(self, name: str) -> None:
+        self.counts[name] += 1
+
+    def _on_stmt(self, conn, cursor, statement, parameters, context, executemany) -> None:
+        self.counts["statements"] += 1
+        if self.keep_texts:
+            self.texts.append(statement.split("\n", 1)[0][:120])
+
+    def snapshot(self) -> dict:
+        return dict(self.counts)
+
+    def since(self, before: dict) -> dict:
+        d = {k: self.counts[k] - before[k] for k in self.counts}
+        d["wire"] = d["statements"] + d["begin"] + d["commit"] + d["rollback"] + (d["checkout"] if self.pre_ping else 0)
+        return d
+
+
+# ---------------------------------------------------------------- subprocess helpers
+
+
+class Proc:
+    def __init__(self, args: list[str], log: Path, env: dict | None = None):
+        self.log = log
+        self._f = open(log, "w")
+        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._f, text=True,
+                                  env={**os.environ, **(env or {})}, start_new_session=True)
+
+    def ready_line(self, prefix: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.p.stdout.readline()
+            if line.startswith(prefix):
+                return line.strip()
+            if not line and self.p.poll() is not None:
+                break
+        raise RuntimeError(f"{self.p.args} did not print {prefix!r}; see {self.log}")
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(5)
+        self._f.close()
+
+
+# ---------------------------------------------------------------- the lab
+
+
+@dataclass
+class Lab:
+    workdir: Path
+    pg: Any = None
+    url: str = ""
+    engine: Any = None  # our own (NullPool) engine for seeding; not counted
+    emu_proc: Proc | None = None
+    emu: Any = None  # EmulatorControl
+    emu_url: str = ""
+    trips: RoundTrips | None = None
+    executors: list = field(default_factory=list)
+    procs: list = field(default_factory=list)
+    history: list = field(default_factory=list)  # (ti_id, token) of the seeded history TIs
+    _job_ids: Any = None
+
+    # ---- lifecycle
+
+    @classmethod
+    def start(cls, workdir: Path | None = None) -> "Lab":
+        lab = cls(Path(workdir or tempfile.mkdtemp(prefix="fenced-bench-")))
+        lab.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            lab._start_db()
+            lab._start_emulator()
+        except BaseException:
+            lab.stop()
+            raise
+        import itertools
+
+        lab._job_ids = itertools.count(1001)
+        return lab
+
+    def stop(self) -> None:
+        for ex in self.executors:
+            try:
+                ex.end()
+            except Exception:
+                pass
+        self.executors.clear()
+        for p in self.procs:
+            p.stop()
+        if self.emu_proc:
+            self.emu_proc.stop()
+        if self.engine is not None:
+            self.engine.dispose()
+        if self.pg is not None:
+            self.pg.stop()
+
+    def _start_db(self) -> None:
+        from fenced_k8s_executor.lab.postgres import airflow_db_env, new_airflow_db, start_from_template
+
+        progress("starting embedded PostgreSQL from the migrated template")
+        self.pg = start_from_template()
+        self.url = new_airflow_db(self.pg)
+        os.environ.update(airflow_db_env(self.url))
+        os.environ["AIRFLOW__API_AUTH__JWT_SECRET"] = JWT_SECRET
+        os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
+        from airflow import settings
+        from airflow.configuration import conf
+
+        conf.set("database", "sql_alchemy_conn", self.url)
+        settings.configure_vars()
+        settings.reconfigure_orm()
+        import sqlalchemy as sa
+
+        self.engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
+        self.trips = RoundTrips(settings.engine)
+        quiet_logs()
+
+    def _start_emulator(self) -> None:
+        from fenced_k8s_executor.lab.kubeapi import EmulatorControl
+
+        self.emu_proc = Proc([sys.executable, "-m", "fenced_k8s_executor.lab.kubeapi", "--port", "0",
+                              "--history-size", "20000", "--tokens", json.dumps({"bench": "bench"})],
+                             self.workdir / "emulator.log")
+        self.emu_url = self.emu_proc.ready_line("READY").split()[1]
+        self.emu = EmulatorControl(self.emu_url)
+        progress(f"Kubernetes API emulator (subprocess) at {self.emu_url}")
+
+    def kubeconfig(self, token: str, namespace: str = "default") -> str:
+        from fenced_k8s_executor.lab.kubeconfig import write_kubeconfig
+
+        self.emu.set_tokens({token: token})
+        path = self.workdir / "kube" / f"{token}-{namespace}.kubeconfig"
+        path.parent.mkdir(exist_ok=True)
+        return write_kubeconfig(str(path), self.emu_url, token=token, namespace=namespace)
+
+    def core_api(self, token: str = "bench", namespace: str = "default"):
+        from kubernetes import client, config
+
+        return client.CoreV1Api(config.new_client_from_config(config_file=self.kubeconfig(token, namespace)))
+
+    def pod_count(self) -> int:
+        return int(self.emu.summary()["pods"])
+
+    def api_calls(self, since: int, who: str | None = None) -> list[dict]:
+        return [e for e in self.emu.audit(since) if who is None or e.get("who") == who]
+
+    def audit_mark(self) -> int:
+        return int(self.emu.summary()["audit"])
+
+    def pod_count_ns(self, namespace: str) -> int:
+        if not hasattr(self, "_core"):
+            self._core = self.core_api()
+        return len(self._core.list_namespaced_pod(namespace).items)
+
+    def start_kubelet(self, namespace: str, max_running: int = 16) -> Proc:
+        kc = self.kubeconfig(f"kubelet-{namespace}", namespace)
+        p = Proc([sys.executable, "-m", "fenced_k8s_executor.lab.kubelet", "--kubeconfig", kc, "--namespace",
+                  namespace, "--node-name", f"node-{namespace}", "--max-running", str(max_running), "--workdir", str(self.workdir / f"kubelet-{namespace}")],
+                 self.workdir / f"kubelet-{namespace}.log")
+        self.procs.append(p)
+        return p
+
+    # ---- metadata DB
+
+    def seed_history(self, dags: int, runs: int, tasks: int) -> None:
+        """dags x runs x tasks finished TIs (with tokens), written in bulk SQL like the scheduler leaves them."""
+        import sqlalchemy as sa
+
+        from fenced_k8s_executor.lab import seed
+
+        t0 = time.monotonic()
+        for d in range(dags):
+            seed.seed_dag(self.engine, f"bench_dag_{d:03d}")
+        with self.engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO dag_run(dag_id, run_id, run_type, run_after, state, logical_date, start_date,"
+                " created_dag_version_id)"
+                " SELECT dv.dag_id, 'scheduled__' || r, 'scheduled', now() - r * interval '1 hour', 'success',"
+                " now() - r * interval '1 hour', now() - r * interval '1 hour', dv.id"
+                " FROM dag_version dv CROSS JOIN generate_series(1, :runs) AS r WHERE dv.dag_id LIKE 'bench_dag_%'"
+            ), {"runs": runs})
+            conn.execute(sa.text(
+                "INSERT INTO task_instance(id, task_id, dag_id, run_id, map_index, try_number, max_tries, pool,"
+                " pool_slots, state, queue, priority_weight, dag_version_id, external_executor_id,"
+                " queued_by_job_id, queued_dttm, start_date, end_date)"
+                " SELECT gen_random_uuid(), 'task_' || t, dr.dag_id, dr.run_id, -1, 1, 2, 'default_pool', 1,"
+                " 'success', 'default', 1, dr.created_dag_version_id, gen_random_uuid()::text, 1 + (t % 2),"
+                " dr.logical_date, dr.logical_date, dr.logical_date + interval '1 minute'"
+                " FROM dag_run dr CROSS JOIN generate_series(1, :tasks) AS t WHERE dr.dag_id LIKE 'bench_dag_%'"
+            ), {"tasks": tasks})
+            conn.execute(sa.text("ANALYZE task_instance; ANALYZE dag_run"))
+            self.history = [(str(r[0]), r[1]) for r in conn.execute(sa.text(
+                "SELECT id, external_executor_id FROM task_instance WHERE dag_id LIKE 'bench_dag_%' ORDER BY id"))]
+        progress(f"seeded {dags} DAGs x {runs} runs x {tasks} tasks = {len(self.history)} TIs"
+                 f" in {time.monotonic() - t0:.1f}s")
+
+    def queued_tis(self, count: int, job_id: int, tag: str) -> list:
+        """A new DAG run with ``count`` TIs queued by ``job_id`` (token pre-assigned), as the scheduler
+        leaves them right before the executor's heartbeat."""
+        from fenced_k8s_executor.lab import seed
+
+        dag_id = "bench_live"
+        version = getattr(self, "_live_version", None)
+        if version is None:
+            version = self._live_version = seed.seed_dag(self.engine, dag_id)
+        run_id = f"manual__{tag}_{uuid.uuid4().hex[:8]}"
+        seed.seed_run(self.engine, dag_id, run_id, version)
+        return seed.insert_tis(self.engine, dag_id, run_id, version, [f"t{i:04d}" for i in range(count)],
+                               queued_by_job_id=job_id)
+
+    def set_ti_state(self, ti_ids: list[str], state: str) -> None:
+        import sqlalchemy as sa
+
+        if not ti_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE task_instance SET state=:s WHERE id = ANY(CAST(:ids AS uuid[]))"),
+                         {"s": state, "ids": list(ti_ids)})
+
+    # ---- executors
+
+    def next_job_id(self) -> int:
+        return next(self._job_ids)
+
+    def executor(self, kind: str, *, namespace: str, batch_size: int = 32, async_creation: bool = False,
+                 delete_worker_pods: bool = False, job_id: int | None = None, **fenced: str):
+        """A started stock or fenced executor, configured by env vars exactly as in a deployment."""
+        import importlib
+
+        job_id = job_id or self.next_job_id()
+        template = self.workdir / "pod_template.yaml"
+        template.write_text(POD_TEMPLATE)
+        env = {
+            "AIRFLOW__KUBERNETES_EXECUTOR__IN_CLUSTER": "False",
+            "AIRFLOW__KUBERNETES_EXECUTOR__NAMESPACE": namespace,
+            "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": self.kubeconfig(f"scheduler-{job_id}", namespace),
+            "AIRFLOW__KUBERNETES_EXECUTOR__POD_TEMPLATE_FILE": str(template),
+            "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_CONTAINER_REPOSITORY": "lab/airflow",
+            "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_CONTAINER_TAG": "local",
+            "AIRFLOW__KUBERNETES_EXECUTOR__DELETE_WORKER_PODS": str(delete_worker_pods),
+            "AIRFLOW__KUBERNETES_EXECUTOR__TASK_PUBLISH_MAX_RETRIES": "-1",
+            "AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS": '{"_request_timeout": [10, 30]}',
+            "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": str(batch_size),
+            "AIRFLOW__KUBERNETES_EXECUTOR__ASYNC_POD_CREATION": str(async_creation),
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "3600",
+            "AIRFLOW__FENCED_KUBERNETES_EXECUTOR__SWEEP_INTERVAL": "0",
+        }
+        env.update({f"AIRFLOW__FENCED_KUBERNETES_EXECUTOR__{k.upper()}": str(v) for k, v in fenced.items()})
+        os.environ.update(env)
+        module, _, name = (STOCK if kind == "stock" else FENCED).rpartition(".")
+        executor = getattr(importlib.import_module(module), name)()
+        executor.job_id = job_id
+        executor.start()
+        quiet_logs()
+        self.executors.append(executor)
+        return executor
+
+    def end_executor(self, executor) -> None:
+        try:
+            executor.end()
+        finally:
+            if executor in self.executors:
+                self.executors.remove(executor)
+
+
+def quiet_logs() -> None:
+    import logging
+
+    for name in ("airflow", "airflow.task", "airflow.processor", "fenced_k8s_executor", "kubernetes", "urllib3",
+                 "airflow.providers.cncf.kubernetes", "airflow.executors", ""):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # shutdown noise: "Executor shutting down, IGNORING watcher task=..."
+    logging.getLogger("airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils").setLevel(logging.ERROR)
+
+
+def workload(ti) -> Any:
+    """The ExecuteTask the scheduler would hand to queue_workload for a seeded TI."""
+    from airflow.executors.workloads import BundleInfo, ExecuteTask
+    from airflow.executors.workloads.task import TaskInstanceDTO
+
+    dto = TaskInstanceDTO(
+        id=uuid.UUID(ti.id), task_id=ti.task_id, dag_id=ti.dag_id, run_id=ti.run_id,
+        try_number=ti.try_number, map_index=ti.map_index, dag_version_id=uuid.UUID(ti.dag_version_id),
+        pool_slots=1, priority_weight=1, queue="default", external_executor_id=ti.token,
+    )
+    return ExecuteTask(ti=dto, dag_rel_path=Path(f"{ti.dag_id}.py"), bundle_info=BundleInfo(name=BUNDLE),
+                       token="bench-workload-token", log_path=None)
+
+
+def forget(executor) -> None:
+    """Drop an executor's in-memory bookkeeping between repetitions (pods are left where they are)."""
+    executor.running.clear()
+    executor.event_buffer.clear()
+    executor.pod_launch_attempts.clear()
+    for attr in ("_launches", "_precreate", "_state_verdicts"):
+        if hasattr(executor, attr):
+            getattr(executor, attr).clear()
+    if hasattr(executor, "_unverified"):
+        executor._unverified = []
+
+
+@contextmanager
+def timed() -> Iterator[list]:
+    box: list[float] = []
+    t0 = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box.append(time.perf_counter() - t0)

@@ -1,0 +1,151 @@
+"""Scenarios 3 and 5: the state-change fence per watcher event, and the scheduler loop's sync()."""
+
+from __future__ import annotations
+
+import time
+
+from fenced_k8s_executor.lab.bench.env import Lab, forget, interleaved, median, percentile, progress, workload
+
+
+def state_change(lab: Lab, events: int, reps: int) -> dict:
+    """Cost of one sync() handling ``events`` watcher results (Succeeded, state None) for pods that
+    exist, stock vs fenced; fenced with its pod-name -> launch map filled (hit) or empty (fallback:
+    one pod read per event). Added cost per event = (fenced - stock) / events."""
+    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesWatch
+
+    execs, watches = {}, {}
+    for kind in ("stock", "fenced"):
+        ns = f"bench-state-{kind}"
+        ex = execs[kind] = lab.executor(kind, namespace=ns, batch_size=events)
+        for ti in lab.queued_tis(events, ex.job_id, f"state_{kind}"):
+            ex.queue_workload(workload(ti), session=None)
+        ex.trigger_tasks(open_slots=events)
+        while len(ex.running) and lab.pod_count_ns(ns) < events:
+            ex.sync()
+        pods = lab.core_api().list_namespaced_pod(ns).items
+        watches[kind] = [KubernetesWatch(p.metadata.name, ns, None, dict(p.metadata.annotations),
+                                         p.metadata.resource_version, None) for p in pods]
+        ex._bench_running = set(ex.running)
+        ex._bench_launches = dict(getattr(ex, "_launches", {}))
+    out: dict = {"events": events, "raw": {}, "seconds_per_event": {}, "added_us_per_event": {}, "ratio": {}}
+    for mode in ("hit", "fallback"):
+        raw: dict = {"stock": [], "fenced": []}
+        for rep, kind in [(-1, "stock"), (-1, "fenced")] + list(interleaved(reps)):
+            sample = _state_once(lab, execs[kind], watches[kind], mode)
+            if rep >= 0:
+                raw[kind].append(sample)
+        per = {k: median([x["seconds"] for x in v]) / events for k, v in raw.items()}
+        out["raw"][mode] = raw
+        out["seconds_per_event"][mode] = per
+        out["added_us_per_event"][mode] = (per["fenced"] - per["stock"]) * 1e6
+        out["ratio"][mode] = per["fenced"] / per["stock"]
+        out.setdefault("fence_us_per_event", {})[mode] = median([x["fence_seconds"] for x in raw["fenced"]]) / events * 1e6
+        progress(f"state change ({mode}): stock {per['stock'] * 1e6:.0f} us/event, fenced"
+                 f" {per['fenced'] * 1e6:.0f} us/event (+{out['added_us_per_event'][mode]:.0f} us);"
+                 f" fence itself {out['fence_us_per_event'][mode]:.0f} us/event;"
+                 f" fenced {raw['fenced'][0]['db']['statements']} DB statements,"
+                 f" {raw['fenced'][0]['api_reads']} pod reads per batch")
+    for ex in execs.values():
+        lab.end_executor(ex)
+    return out
+
+
+def _state_once(lab: Lab, ex, watches: list, mode: str) -> dict:
+    forget(ex)
+    ex.running.update(ex._bench_running)
+    if hasattr(ex, "_launches"):
+        ex._launches.update(ex._bench_launches if mode == "hit" else {})
+        ex._fenced_out.clear()
+    for w in watches:  # exactly what the watcher hands over
+        ex.kube_scheduler.process_watcher_task(w)
+    while ex.result_queue.qsize() < len(watches):
+        time.sleep(0.01)
+    fence = [0.0]
+    prefetch = getattr(ex, "_prefetch_state_verdicts", None)
+    if prefetch is not None:  # time the fence's own work too (map lookups / pod reads + one DB read)
+        def timed_prefetch(batch, _real=prefetch):
+            f0 = time.perf_counter()
+            try:
+                return _real(batch)
+            finally:
+                fence[0] += time.perf_counter() - f0
+        ex._prefetch_state_verdicts = timed_prefetch
+    mark, before = lab.audit_mark(), lab.trips.snapshot()
+    t0 = time.perf_counter()
+    try:
+        ex.sync()
+    finally:
+        seconds = time.perf_counter() - t0
+        ex.__dict__.pop("_prefetch_state_verdicts", None)
+    db = lab.trips.since(before)
+    calls = lab.api_calls(mark, who=f"scheduler-{ex.job_id}")
+    done = sum(1 for k in ex._bench_running if k not in ex.running)
+    if done != len(watches):
+        raise RuntimeError(f"{type(ex).__name__}: {done} of {len(watches)} results applied")
+    return {"seconds": seconds, "fence_seconds": fence[0], "db": db, "api_calls": len(calls),
+            "api_reads": sum(1 for c in calls if c.get("verb") == "get")}
+
+
+def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: float, max_running: int) -> dict:
+    """p50/p99 of sync() for two executors (two 'schedulers') of one kind running
+    ``tasks_per_scheduler`` trivial pods each through a process kubelet; stock and fenced runs
+    alternate. An in-process approximation of the lab's scheduler loop (see docs/performance.md)."""
+    raw: dict = {"stock": [], "fenced": []}
+    for rep, kind in interleaved(reps):
+        sample = _loop_once(lab, kind, rep, tasks_per_scheduler, heartbeat, max_running)
+        raw[kind].append(sample)
+        progress(f"scheduler loop rep {rep} {kind}: {len(sample['syncs'])} syncs, p50"
+                 f" {percentile(sample['syncs'], 50) * 1e3:.1f} ms, p99 {percentile(sample['syncs'], 99) * 1e3:.1f} ms,"
+                 f" {sample['seconds']:.1f}s for {sample['done']} tasks")
+    out: dict = {"raw": raw, "p50": {}, "p99": {}, "tasks": 2 * tasks_per_scheduler}
+    for kind, samples in raw.items():
+        allsyncs = [s for x in samples for s in x["syncs"]]
+        out["p50"][kind] = percentile(allsyncs, 50)
+        out["p99"][kind] = percentile(allsyncs, 99)
+        out.setdefault("p99_per_rep", {})[kind] = [percentile(x["syncs"], 99) for x in samples]
+        out.setdefault("run_seconds", {})[kind] = median([x["seconds"] for x in samples])
+    out["p50_ratio"] = out["p50"]["fenced"] / out["p50"]["stock"]
+    out["p99_ratio"] = out["p99"]["fenced"] / out["p99"]["stock"]
+    return out
+
+
+def _loop_once(lab: Lab, kind: str, rep: int, per: int, heartbeat: float, max_running: int) -> dict:
+    from airflow.utils.state import TaskInstanceState
+
+    ns = f"bench-loop-{rep}-{kind}"
+    kubelet = lab.start_kubelet(ns, max_running=max_running)
+    execs = [lab.executor(kind, namespace=ns, batch_size=32, delete_worker_pods=True) for _ in range(2)]
+    ti_of: dict = {}
+    for ex in execs:
+        for ti in lab.queued_tis(per, ex.job_id, f"loop_{kind}"):
+            ex.queue_workload(workload(ti), session=None)
+            ti_of[(ti.dag_id, ti.task_id, ti.run_id)] = str(ti.id)
+    syncs: list[float] = []
+    done: set = set()
+    t0 = time.monotonic()
+    deadline = t0 + 60 + per * 2
+    while len(done) < 2 * per and time.monotonic() < deadline:
+        for ex in execs:
+            ex.trigger_tasks(open_slots=32)
+            s0 = time.perf_counter()
+            ex.sync()
+            syncs.append(time.perf_counter() - s0)
+            started = []
+            for key, (state, info) in ex.get_event_buffer().items():
+                ti_id = ti_of.get((key.dag_id, key.task_id, key.run_id))
+                if ti_id is None:
+                    continue
+                if state == TaskInstanceState.RUNNING:
+                    started.append(ti_id)  # the worker would now run the task and report success
+                elif state in (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED) or info is None:
+                    done.add(ti_id)
+            lab.set_ti_state(started, "success")
+        time.sleep(heartbeat)
+    seconds = time.monotonic() - t0
+    for ex in execs:
+        lab.end_executor(ex)
+    kubelet.stop()
+    lab.procs.remove(kubelet)
+    if len(done) < 2 * per:
+        progress(f"WARNING: scheduler loop {kind} rep {rep}: only {len(done)} of {2 * per} tasks finished")
+    return {"syncs": syncs, "seconds": seconds, "done": len(done)}

@@ -1,0 +1,87 @@
+"""``fenced-k8s-repro``: the HA reproduction, stock vs fenced side by side (and ``bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fenced_k8s_executor.lab.scenarios import DEFAULT, SCENARIOS
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fenced-k8s-repro",
+        description="Run real Airflow HA (embedded PostgreSQL, Kubernetes API emulator, process kubelet) "
+        "through the failure modes of apache/airflow#69760 with the stock and the fenced executor.",
+        epilog="Subcommand: `fenced-k8s-repro bench --help` for the cost benchmark.",
+    )
+    p.add_argument("--executor", choices=["stock", "fenced", "both"], default="both")
+    p.add_argument("--scenario", default=",".join(DEFAULT),
+                   help=f"comma-separated names or 'all' ({', '.join(SCENARIOS)}); default: {','.join(DEFAULT)}")
+    p.add_argument("--schedulers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--quick", action="store_true", help="small sizes (what CI runs)")
+    p.add_argument("--out", type=Path, default=None, help="directory for evidence, Markdown report and PNG timelines")
+    p.add_argument("--json", type=Path, default=None, help="write the measurements as JSON")
+    return p
+
+
+def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, Any]]]:
+    import tempfile
+
+    from fenced_k8s_executor.lab import report
+    from fenced_k8s_executor.lab.postgres import start_from_template
+    from fenced_k8s_executor.lab.runner import run_one
+
+    names = list(SCENARIOS) if args.scenario == "all" else [n.strip() for n in args.scenario.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)} or all")
+    executors = ["stock", "fenced"] if args.executor == "both" else [args.executor]
+    out = args.out or Path(tempfile.mkdtemp(prefix="fenced-lab-"))
+    say(f"fenced-k8s-repro: scenarios {names}, executors {executors}, seed {args.seed}, evidence in {out}")
+    started = time.time()
+    say("starting embedded PostgreSQL (migrated template cached after the first run)")
+    pg = start_from_template()
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    try:
+        for name in names:
+            runs = {}
+            for executor in executors:
+                outcome = run_one(SCENARIOS[name], executor, pg_server=pg, out_dir=out, seed=args.seed,
+                                  quick=args.quick, schedulers=args.schedulers, say=say)
+                results.setdefault(name, {})[executor] = outcome["metrics"]
+                runs[executor] = outcome["evidence"]
+            if args.out:
+                report.write_timeline(name, runs, out / f"{name}-timeline.png")
+    finally:
+        pg.stop()
+    say(report.table(results))
+    say(f"\ntotal wall time {time.time() - started:.0f}s")
+    if args.json:
+        report.write_json(results, args.json)
+    if args.out:
+        report.write_markdown(results, out / "report.md", {
+            "seed": args.seed, "quick": args.quick, "schedulers": args.schedulers,
+            "machine": f"{platform.machine()}, python {platform.python_version()}",
+        })
+        say(f"report: {out / 'report.md'}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from fenced_k8s_executor.lab.bench import main as bench_main
+
+        return bench_main(argv[1:]) or 0
+    run(_parser().parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

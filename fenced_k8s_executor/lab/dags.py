@@ -1,0 +1,40 @@
+"""The lab's DAG: a fan-out whose tasks never fail by themselves.
+
+So every failed try is the executor's or HA's doing (a burned retry), and every task print
+names the pod that ran its code (``LAB-TASK-RAN <pod>``), which tells stale task runs apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TASK_MARK = "LAB-TASK-RAN"
+
+FANOUT_DAG = '''
+import os
+import time
+
+import pendulum
+from airflow.sdk import dag, task
+
+@dag(dag_id="{dag_id}", schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False,
+     max_active_tasks={width}, default_args={{"retries": {retries}, "retry_delay": pendulum.duration(seconds=2)}})
+def fanout():
+    @task
+    def work(i: int):
+        print("{mark}", os.environ.get("HOSTNAME"), flush=True)
+        time.sleep({seconds})
+        return i
+
+    for i in range({width}):
+        work.override(task_id=f"t{{i:02d}}")(i)
+
+fanout()
+'''
+
+
+def write_fanout(folder: Path, dag_id: str, width: int, retries: int = 2, seconds: float = 1.0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{dag_id}.py"
+    path.write_text(FANOUT_DAG.format(dag_id=dag_id, width=width, retries=retries, seconds=seconds, mark=TASK_MARK))
+    return path

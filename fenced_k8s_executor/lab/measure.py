@@ -1,0 +1,166 @@
+"""The lab's measurements, as pure functions over the evidence a run leaves behind.
+
+Executor-agnostic on purpose: the same rules judge the stock and the fenced executor. A
+*launch* is one transition of a TI id into QUEUED, read from a trigger-fed log of every
+``task_instance`` change (``evidence.ti_log``), so launches of stock rows (which carry no token)
+are told apart as well as ours. A pod belongs to the latest launch of its TI id before the pod
+was created; it is *superseded* from the next launch of that id, or from the moment the id
+disappears (clear, retry, reset), whichever comes first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+TERMINAL = {"success", "failed", "skipped", "upstream_failed", "removed"}
+STALE_EXIT_MARK = "stale executor launch: not running the task"
+RUN_PATH = re.compile(r"/execution/task-instances/([0-9a-f-]{36})/run")
+
+
+@dataclass
+class Evidence:
+    """What one executor run left behind (plain data; see ``lab/evidence.py`` for collection)."""
+
+    ti_log: list[dict]  # {ts, ti_id, op: INSERT|UPDATE|gone|delete, state}
+    tis: list[dict]  # final task_instance rows {id, dag_id, task_id, run_id, map_index, try_number, state}
+    history: list[dict]  # task_instance_history rows {ti_id, dag_id, task_id, run_id, map_index, try_number, state}
+    pods: list[dict]  # {name, ti_id, try_number, created, started, finished, exit_code, output_stale_exit}
+    run_calls: list[dict]  # api-server /run responses {ti_id, status}
+    deletes: list[dict]  # scheduler deletes from the API audit {ts, who, name}
+    decisions: list[dict]  # fence decision log lines {decision, path, reason, pod}
+    wall_seconds: float = 0.0
+    faults: list[dict] = field(default_factory=list)  # {ts, what}
+
+
+@dataclass
+class Launch:
+    ti_id: str
+    queued_at: float
+    superseded_at: float | None = None
+
+
+def launches(ti_log: Iterable[dict]) -> dict[str, list[Launch]]:
+    """Launches per TI id from the change log (ordered by time)."""
+    out: dict[str, list[Launch]] = defaultdict(list)
+    state: dict[str, str | None] = {}
+    for entry in sorted(ti_log, key=lambda e: e["ts"]):
+        ti_id, op = entry["ti_id"], entry["op"]
+        if op in ("gone", "delete"):
+            if out[ti_id] and out[ti_id][-1].superseded_at is None:
+                out[ti_id][-1].superseded_at = entry["ts"]
+            state[ti_id] = None
+            continue
+        new_state = entry.get("state")
+        if new_state == "queued" and state.get(ti_id) != "queued":
+            if out[ti_id] and out[ti_id][-1].superseded_at is None:
+                out[ti_id][-1].superseded_at = entry["ts"]
+            out[ti_id].append(Launch(ti_id, entry["ts"]))
+        state[ti_id] = new_state
+    return dict(out)
+
+
+def launch_of(pod: dict, by_ti: dict[str, list[Launch]]) -> Launch | None:
+    """The launch a pod was created for: the latest launch of its TI id before its workload was
+    issued (the workload JWT's ``iat``, whole seconds, hence the 1 s slack), or, without one,
+    before the pod was created. An old job that creates its pod after a newer launch began is
+    thereby still attributed to its own, older launch."""
+    found = by_ti.get(pod.get("ti_id") or "")
+    if not found:
+        return None
+    issued = pod["launch_iat"] + 1.0 if pod.get("launch_iat") is not None else pod["created"]
+    index = bisect.bisect_right([launch.queued_at for launch in found], min(issued, pod["created"])) - 1
+    return found[index] if index >= 0 else None
+
+
+def _superseded_when_started(pod: dict, launch: Launch | None) -> bool:
+    return (
+        launch is not None
+        and pod.get("started") is not None
+        and launch.superseded_at is not None
+        and pod["started"] >= launch.superseded_at
+    )
+
+
+def measure(ev: Evidence) -> dict[str, Any]:
+    by_ti = launches(ev.ti_log)
+    pods_by_launch: dict[tuple, list[dict]] = defaultdict(list)
+    superseded_started: list[dict] = []
+    for pod in ev.pods:
+        launch = launch_of(pod, by_ti)
+        pod["_launch"] = (launch.ti_id, launch.queued_at) if launch else None
+        if launch is not None and pod.get("started") is not None:
+            pods_by_launch[pod["_launch"]].append(pod)
+        pod["_stale"] = _superseded_when_started(pod, launch)
+        if pod["_stale"]:
+            superseded_started.append(pod)
+
+    wasted = sum(max(0.0, (p.get("finished") or p["started"]) - p["started"]) for p in superseded_started)
+    duplicates = sum(len(started) - 1 for started in pods_by_launch.values() if len(started) > 1)
+
+    statuses = Counter(call["status"] for call in ev.run_calls)
+    stale_exits = sum(1 for p in ev.pods if p.get("output_stale_exit"))
+    handled_404 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "ti_not_found")
+    handled_409 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "stale_executor_launch")
+
+    # The lab's tasks never fail by themselves: every transition of a try into failed or
+    # up_for_retry is a burned retry (a user's clear archives the try without one). It is burned
+    # by a stale launch when a superseded pod of that TI id had ended Failed before it.
+    failed_tries = [e for e in ev.ti_log if e.get("state") in ("failed", "up_for_retry") and e["op"] == "UPDATE"]
+    stale_failures: dict[str, float] = {}
+    for pod in superseded_started:
+        if pod.get("exit_code") not in (None, 0):
+            end = pod.get("finished") or pod["started"]
+            stale_failures[pod["ti_id"]] = min(end, stale_failures.get(pod["ti_id"], end))
+    burned_by_stale = sum(
+        1 for e in failed_tries if e["ti_id"] in stale_failures and stale_failures[e["ti_id"]] <= e["ts"] + 1.0
+    )
+
+    pod_launch = {p["name"]: p for p in ev.pods}
+    fence_deletes = {d["pod"].split("/")[-1]: d for d in ev.decisions if d["decision"] == "pod.deleted"}
+    false_positives = 0
+    for delete in ev.deletes:
+        decision = fence_deletes.get(delete["name"])
+        if decision is None or decision.get("path") == "revoke":
+            continue  # not a fence's own verdict (completion cleanup, scheduler-requested revoke)
+        pod = pod_launch.get(delete["name"])
+        launch = launch_of(pod, by_ti) if pod else None
+        if launch is not None and (launch.superseded_at is None or launch.superseded_at > delete["ts"]):
+            false_positives += 1  # the pod's launch was still current when it was deleted
+
+    decisions = Counter(f"{d['decision']}:{d['reason']}" for d in ev.decisions)
+    return {
+        "tasks": len(ev.tis),
+        "launches": sum(len(v) for v in by_ti.values()),
+        "pods_created": len(ev.pods),
+        "pods_started": sum(1 for p in ev.pods if p.get("started") is not None),
+        "pods_started_for_superseded_launch": len(superseded_started),
+        "stale_pods_turned_away": stale_exits,
+        "run_404": max(0, statuses.get(404, 0) - handled_404),
+        "run_409": max(0, statuses.get(409, 0) - handled_409),
+        "run_rejected_stale": handled_409 + handled_404,
+        "duplicate_pods": duplicates,
+        "retries_burned": len(failed_tries),
+        "retries_burned_by_stale": burned_by_stale,
+        "stale_task_runs": sum(1 for p in superseded_started if p.get("ran_task")),
+        "tasks_failed": sum(1 for t in ev.tis if t.get("state") == "failed"),
+        "tasks_succeeded": sum(1 for t in ev.tis if t.get("state") == "success"),
+        "tasks_not_terminal": sum(1 for t in ev.tis if t.get("state") not in TERMINAL),
+        "wasted_pod_seconds": round(wasted, 1),
+        "pods_deleted_by_executor": len(ev.deletes),
+        "false_positive_deletions": false_positives,
+        "fencing_decisions": dict(sorted(decisions.items())),
+        "wall_seconds": round(ev.wall_seconds, 1),
+    }
+
+
+def stale_exit_reason(output: str) -> str | None:
+    """The reason a worker gave for a clean stale exit (``stale_executor_launch``/``ti_not_found``)."""
+    for line in output.splitlines():
+        if STALE_EXIT_MARK in line:
+            match = re.search(r'"reason"\s*:\s*"(\w+)"|reason=(\w+)', line)
+            return (match.group(1) or match.group(2)) if match else "stale_executor_launch"
+    return None

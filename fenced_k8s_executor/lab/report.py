@@ -1,0 +1,96 @@
+"""Side-by-side report: terminal table, JSON, Markdown and a PNG timeline per scenario."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROWS = [
+    ("pods_created", "pods created"),
+    ("launches", "launches (QUEUED transitions)"),
+    ("pods_started", "pods started"),
+    ("pods_started_for_superseded_launch", "pods started for superseded launches"),
+    ("stale_pods_turned_away", "  of which turned away at start (exit 0)"),
+    ("stale_task_runs", "task code run by stale pods"),
+    ("run_404", "/run 404 (unhandled)"),
+    ("run_409", "/run 409 (unhandled)"),
+    ("duplicate_pods", "duplicate pods per launch"),
+    ("retries_burned", "retries burned"),
+    ("retries_burned_by_stale", "  of which by stale launches"),
+    ("tasks_failed", "tasks failed"),
+    ("tasks_not_terminal", "tasks not terminal"),
+    ("wasted_pod_seconds", "wasted pod-seconds"),
+    ("pods_deleted_by_executor", "pods deleted by the executor"),
+    ("false_positive_deletions", "  false-positive deletions"),
+    ("wall_seconds", "wall time (s)"),
+]
+
+
+def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """results: {scenario: {executor: metrics}} -> a fixed-width side-by-side table."""
+    lines = []
+    for scenario, by_executor in results.items():
+        executors = list(by_executor)
+        lines.append("")
+        lines.append(f"== {scenario} " + "=" * max(0, 60 - len(scenario)))
+        lines.append(f"{'metric':44s}" + "".join(f"{e:>12s}" for e in executors))
+        for key, label in ROWS:
+            values = [by_executor[e].get(key, "-") for e in executors]
+            lines.append(f"{label:44s}" + "".join(f"{str(v):>12s}" for v in values))
+        for e in executors:
+            decisions = by_executor[e].get("fencing_decisions") or {}
+            if decisions:
+                lines.append(f"{e} fencing decisions: " + ", ".join(f"{k}={v}" for k, v in decisions.items()))
+    return "\n".join(lines)
+
+
+def write_json(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"scenarios": results}, indent=2, sort_keys=True))
+
+
+def write_markdown(results: dict, path: Path, context: dict[str, Any]) -> None:
+    out = ["# fenced-k8s-executor lab report", ""]
+    out += [f"- {k}: {v}" for k, v in context.items()]
+    for scenario, by_executor in results.items():
+        executors = list(by_executor)
+        out += ["", f"## {scenario}", "", f"![timeline]({scenario}-timeline.png)", "",
+                "| metric | " + " | ".join(executors) + " |", "|---|" + "---|" * len(executors)]
+        for key, label in ROWS:
+            out.append(f"| {label.strip()} | " + " | ".join(str(by_executor[e].get(key, "-")) for e in executors) + " |")
+    path.write_text("\n".join(out) + "\n")
+
+
+def write_timeline(scenario: str, runs: dict[str, Any], path: Path) -> None:
+    """One row per task, one bar per pod (green: current launch, red: superseded), faults marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(7 * len(runs), 5), squeeze=False)
+    for ax, (executor, evidence) in zip(axes[0], runs.items()):
+        t0 = min([f["ts"] for f in evidence.faults] + [p["created"] for p in evidence.pods if p.get("created")] or [0])
+        tasks = sorted({p.get("task_id") or "?" for p in evidence.pods})
+        row = {task: i for i, task in enumerate(tasks)}
+        for pod in evidence.pods:
+            if not pod.get("created"):
+                continue
+            y = row[pod.get("task_id") or "?"]
+            start = pod.get("started")
+            end = pod.get("finished") or (start or pod["created"])
+            stale = pod.get("_stale", False)
+            ax.plot([pod["created"] - t0, (start or end) - t0], [y, y], color="lightgray", lw=3)
+            if start:
+                ax.plot([start - t0, end - t0], [y, y], color="tab:red" if stale else "tab:green", lw=6,
+                        solid_capstyle="butt")
+        for fault in evidence.faults:
+            ax.axvline(fault["ts"] - t0, color="tab:orange", ls="--", lw=1)
+            ax.text(fault["ts"] - t0, len(tasks) - 0.4, fault["what"][:28], rotation=90, fontsize=6, va="top")
+        ax.set_yticks(range(len(tasks)), tasks, fontsize=7)
+        ax.set_xlabel("seconds")
+        ax.set_title(f"{scenario}: {executor} (grey pending, green current, red superseded)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

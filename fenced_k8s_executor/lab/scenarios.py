@@ -1,0 +1,120 @@
+"""The reproduction scenarios: each one drives a real trigger of apache/airflow#69760.
+
+A scenario is plain data (sizes, settings, kubelet pressure) plus a ``drive`` function that acts
+on a running deployment through ``RunContext`` (trigger, clear, pause/kill schedulers, inject API
+faults) and records every fault it injects. The same seed, DAG, settings and fault schedule are
+used for both executors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+QUOTA_MESSAGE = 'pods "x" is forbidden: exceeded quota: lab-quota, requested: pods=1, used: pods=3, limited: pods=3'
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    width: tuple[int, int]  # tasks in the fan-out DAG: (quick, full)
+    drive: Callable[["Any"], None]
+    env: dict[str, str] = field(default_factory=dict)
+    capacity: int | None = None  # concurrent pods the kubelet runs (node capacity)
+    delay: str | None = None  # LongTailDelay spec, e.g. "lognormal:scale=3,sigma=0.8,cap=30"
+    schedulers: int | None = None  # override of --schedulers
+    timeout: float = 300.0  # seconds to wait for every task to be terminal
+
+
+def _pending_storm(ctx: Any) -> None:
+    """Pod creation hits the namespace quota (403) while pods start slowly: jobs cycle in the
+    task queue (task_publish_max_retries=-1), stuck-in-queued re-queues the same TI ids with the
+    same try, and old jobs create their pods once the quota frees."""
+    ctx.fault("quota 403 on pod create", method="POST", path=r"/pods$", status=403, message=QUOTA_MESSAGE)
+    ctx.trigger()
+    ctx.sleep(35)
+    ctx.clear_faults("quota freed")
+    ctx.wait_terminal()
+
+
+def _clear_churn(ctx: Any) -> None:
+    """Queued task instances are cleared through the REST API while their pods are still Pending:
+    each clear gives the TI a new id and try; the old pods start later."""
+    ctx.slow_start_until_marked(25.0)
+    ctx.trigger()
+    ctx.wait_pods(ctx.width)
+    ctx.clear_tasks("clear queued TIs via REST while pods are Pending")
+    ctx.mark()  # pods created from now on start quickly
+    ctx.wait_terminal()
+
+
+def _zombie_scheduler(ctx: Any) -> None:
+    """One scheduler freezes (GC pause, partition) past the health threshold while it owns pending
+    and running pods; its peer adopts or resets; then it wakes up with its old in-memory state."""
+    ctx.trigger()
+    ctx.wait_pods(max(2, ctx.width // 2))
+    ctx.pause_scheduler(0, "SIGSTOP scheduler-0")
+    ctx.sleep(55)
+    ctx.resume_scheduler(0, "SIGCONT scheduler-0")
+    ctx.wait_terminal()
+
+
+def _failover(ctx: Any) -> None:
+    """One scheduler is killed mid-run; its peer adopts or resets its task instances."""
+    ctx.trigger()
+    ctx.wait_pods(max(2, ctx.width // 2))
+    ctx.kill_scheduler(0, "SIGKILL scheduler-0")
+    ctx.wait_terminal()
+
+
+def _watch_gap(ctx: Any) -> None:
+    """The pending storm, with every watch answered 410 Gone and closed while pods finish."""
+    ctx.fault("quota 403 on pod create", method="POST", path=r"/pods$", status=403, message=QUOTA_MESSAGE)
+    ctx.trigger()
+    ctx.sleep(35)
+    ctx.clear_faults("quota freed")
+    ctx.wait_terminal(every=(6.0, ctx.watch_gap))
+
+
+def _flaky_api(ctx: Any) -> None:
+    """Creates time out after the API server stored the pod; 429 and 5xx bursts."""
+    ctx.fault("create persisted then timed out", method="POST", path=r"/pods$", persist_then_timeout=True,
+              hang_seconds=8, times=3)
+    ctx.trigger()
+    ctx.sleep(20)
+    ctx.fault("429 burst on create", method="POST", path=r"/pods$", status=429, times=4)
+    ctx.fault("503 burst on list/get", method="GET", path=r"/pods", status=503, times=6)
+    ctx.wait_terminal()
+
+
+_STORM_ENV = {
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "20",
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "5",
+    "AIRFLOW__SCHEDULER__NUM_STUCK_IN_QUEUED_RETRIES": "8",
+    "AIRFLOW__KUBERNETES_EXECUTOR__TASK_PUBLISH_MAX_RETRIES": "-1",
+}
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("pending_storm", _pending_storm.__doc__ or "", (8, 16), _pending_storm, env=_STORM_ENV,
+                 capacity=2, delay="lognormal:scale=6,sigma=0.8,cap=40"),
+        Scenario("clear_churn", _clear_churn.__doc__ or "", (4, 12), _clear_churn,
+                 env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"}),
+        Scenario("zombie_scheduler", _zombie_scheduler.__doc__ or "", (6, 12), _zombie_scheduler,
+                 env={"AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15"}, capacity=4,
+                 delay="lognormal:scale=8,sigma=0.6,cap=40", schedulers=2, timeout=360),
+        Scenario("failover", _failover.__doc__ or "", (6, 12), _failover,
+                 env={"AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15"}, capacity=4,
+                 delay="lognormal:scale=6,sigma=0.6,cap=30", schedulers=2, timeout=360),
+        Scenario("watch_gap", _watch_gap.__doc__ or "", (6, 12), _watch_gap, env=_STORM_ENV, capacity=3,
+                 delay="lognormal:scale=3,sigma=0.8,cap=30"),
+        Scenario("flaky_api", _flaky_api.__doc__ or "", (4, 10), _flaky_api,
+                 env={"AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS": '{"_request_timeout": [5, 5]}',
+                      "AIRFLOW__KUBERNETES_EXECUTOR__TASK_PUBLISH_MAX_RETRIES": "-1"}),
+    )
+}
+
+#: The default mix: the two triggers operators hit most, in well under 10 minutes for both executors.
+DEFAULT = ("pending_storm", "clear_churn")

@@ -1,0 +1,91 @@
+"""The lab's measurement rules on hand-built evidence: launches, superseded starts, duplicates,
+burned retries and false-positive deletions."""
+
+from __future__ import annotations
+
+from fenced_k8s_executor.lab.measure import Evidence, launches, measure, stale_exit_reason
+
+A, B = "00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000b"
+
+
+def log(ts, ti, op="UPDATE", state=None):
+    return {"ts": ts, "ti_id": ti, "op": op, "state": state}
+
+
+def pod(name, ti, created, started=None, finished=None, exit_code=None, stale_exit=None, ran=False, iat=None):
+    return {"name": name, "ti_id": ti, "created": created, "started": started, "finished": finished,
+            "exit_code": exit_code, "output_stale_exit": stale_exit, "ran_task": ran, "task_id": "t",
+            "launch_iat": iat}
+
+
+def evidence(**kw):
+    base = dict(ti_log=[], tis=[], history=[], pods=[], run_calls=[], deletes=[], decisions=[])
+    base.update(kw)
+    return Evidence(**base)
+
+
+def test_launches_are_transitions_into_queued_and_end_when_the_id_goes():
+    found = launches([log(1, A, "INSERT", "scheduled"), log(2, A, state="queued"), log(3, A, state="queued"),
+                      log(4, A, state="scheduled"), log(5, A, state="queued"), log(9, A, "gone")])
+    assert [(l.queued_at, l.superseded_at) for l in found[A]] == [(2, 5), (5, 9)]
+
+
+def test_same_id_requeue_old_pod_started_late_is_superseded_and_burns_a_retry():
+    ev = evidence(
+        ti_log=[log(1, A, "INSERT", "queued"), log(10, A, state="scheduled"), log(11, A, state="queued"),
+                log(26, A, state="up_for_retry"), log(27, A, state="queued")],
+        pods=[pod("old", A, 12, started=20, finished=25, exit_code=1, iat=1),  # old job, created late
+              pod("new", A, 12, started=14, finished=40, exit_code=0, ran=True, iat=11)],
+        history=[{"ti_id": A, "state": "up_for_retry"}],
+        tis=[{"id": A, "state": "success"}],
+    )
+    m = measure(ev)
+    assert m["launches"] == 3
+    assert m["pods_started_for_superseded_launch"] == 1
+    assert m["wasted_pod_seconds"] == 5
+    assert m["retries_burned"] == 1 and m["retries_burned_by_stale"] == 1
+    assert m["duplicate_pods"] == 0 and m["tasks_not_terminal"] == 0
+
+
+def test_duplicates_and_handled_stale_exits():
+    ev = evidence(
+        ti_log=[log(1, A, "INSERT", "queued"), log(5, A, "gone"), log(5, B, "INSERT", "queued")],
+        pods=[pod("p1", A, 2, started=3, finished=4, exit_code=0), pod("p2", A, 2.5, started=3.5, finished=4.5),
+              pod("p3", A, 3, started=6, finished=6.5, exit_code=0, stale_exit="ti_not_found"),
+              pod("p4", B, 6, started=7, finished=9, exit_code=0, ran=True)],
+        run_calls=[{"ti_id": A, "status": 404}, {"ti_id": A, "status": 404}, {"ti_id": B, "status": 200}],
+        tis=[{"id": B, "state": "success"}],
+    )
+    m = measure(ev)
+    assert m["duplicate_pods"] == 2  # p1, p2, p3 started for the same launch of A (p3 after it ended)
+    assert m["pods_started_for_superseded_launch"] == 1
+    assert m["stale_pods_turned_away"] == 1
+    assert m["run_404"] == 1 and m["run_rejected_stale"] == 1
+
+
+def test_false_positive_is_a_fence_deleting_a_current_launch():
+    ev = evidence(
+        ti_log=[log(1, A, "INSERT", "queued"), log(1, B, "INSERT", "queued"), log(8, B, "gone")],
+        pods=[pod("current", A, 2), pod("stale", B, 2)],
+        deletes=[{"ts": 5, "who": "scheduler-0", "name": "current"}, {"ts": 9, "who": "scheduler-0", "name": "stale"},
+                 {"ts": 6, "who": "scheduler-1", "name": "revoked"}],
+        decisions=[{"decision": "pod.deleted", "path": "sweep", "reason": "x", "pod": "ns/current"},
+                   {"decision": "pod.deleted", "path": "sweep", "reason": "ti_gone", "pod": "ns/stale"},
+                   {"decision": "pod.deleted", "path": "revoke", "reason": "revoked", "pod": "ns/revoked"}],
+    )
+    m = measure(ev)
+    assert m["false_positive_deletions"] == 1
+    assert m["pods_deleted_by_executor"] == 3
+
+
+def test_stale_exit_reason_reads_the_worker_line():
+    line = '{"event":"stale executor launch: not running the task","reason":"stale_executor_launch","ti_id":"x"}'
+    assert stale_exit_reason("noise\n" + line) == "stale_executor_launch"
+    assert stale_exit_reason("Traceback ... ServerResponseError") is None
+
+
+def test_a_users_clear_is_not_a_burned_retry():
+    ev = evidence(ti_log=[log(1, A, "INSERT", "queued"), log(3, A, "gone"), log(3, B, "UPDATE", None),
+                          log(4, B, state="queued"), log(9, B, state="success")],
+                  history=[{"ti_id": A, "state": "failed"}], tis=[{"id": B, "state": "success"}])
+    assert measure(ev)["retries_burned"] == 0
