@@ -26,7 +26,7 @@ from airflow.utils.state import TaskInstanceState
 from fenced_k8s_executor import batches, compat, config, ledger, metrics, pods, verdicts
 from fenced_k8s_executor.launch import LaunchIdentity, as_token, pod_name
 from fenced_k8s_executor.metrics import short
-from fenced_k8s_executor.names import TI_ID_LABEL
+from fenced_k8s_executor.names import TI_ID_LABEL, TOKEN_LABEL
 from fenced_k8s_executor.sweep import Sweeper
 
 if TYPE_CHECKING:
@@ -37,8 +37,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fenced_k8s_executor")
 
-#: How many fenced-out pod names to remember (a few hours of churn; entries are small).
-FENCED_OUT_MEMORY = 20_000
+#: How many pod identities to remember (hours of churn; an entry is a few hundred bytes). Pods
+#: keep resolving after they finished or were fenced out: their late DELETED/"adopted" events
+#: must be judged too, without a pod read that would find nothing.
+LAUNCH_MEMORY = 20_000
+
+#: Unknown pods in one sync beyond which one metadata list beats reading pods one by one.
+PRIME_AFTER_MISSES = 8
 
 QUEUED = TaskInstanceState.QUEUED
 RUNNING = TaskInstanceState.RUNNING
@@ -88,11 +93,9 @@ class FencedKubernetesExecutor(KubernetesExecutor):
         # validated in start(), where a bad value must stop the scheduler.
         self.fence: config.FencedConfig | None = None
         self.sweeper: Sweeper | None = None
-        self._launches: dict[str, LaunchIdentity] = {}  # pod name -> launch (created/adopted here)
-        # Pods fenced out (deleted as stale) keep resolving after they are gone: their late
-        # DELETED/"adopted" events must not reach the live launch's bookkeeping either.
-        self._fenced_out: OrderedDict[str, LaunchIdentity] = OrderedDict()
-        self._fenced_out_lock = threading.Lock()  # the sweep thread records here too
+        # pod name -> launch, for pods created, adopted, read or fenced out here (bounded LRU)
+        self._launches: OrderedDict[str, LaunchIdentity] = OrderedDict()
+        self._launches_lock = threading.Lock()  # the sweep thread records here too
         self._carry: deque[KubernetesJob] = deque()  # fenced batch jobs not reached this loop
         self._precreate: dict[int, tuple[LaunchIdentity, verdicts.Verdict]] = {}
         self._publish_failed: set[int] = set()
@@ -113,7 +116,7 @@ class FencedKubernetesExecutor(KubernetesExecutor):
                 page_size=self.fence.sweep_page_size,
                 enforcing=self.fence.enforcing,
                 request_args=self.kube_config.kube_client_request_args,
-                on_stale=lambda ref: self._remember_fenced_out(ref.name, ref.launch),
+                on_stale=lambda ref: self._remember(ref.name, ref.launch),
             )
         log.info("fenced_k8s_executor started mode=%s sweep_interval=%s", self.fence.mode.value,
                  self.fence.sweep_interval)
@@ -277,7 +280,7 @@ class FencedKubernetesExecutor(KubernetesExecutor):
                 self._unverified.append((job, launch))
                 name, _ = self._pod_location(job)
                 if name:
-                    self._launches[name] = launch
+                    self._remember(name, launch)
                 metrics.incr("launch.created", {"reason": verdict.reason.value})
         self._precreate.clear()
         self._publish_failed = set()
@@ -342,12 +345,18 @@ class FencedKubernetesExecutor(KubernetesExecutor):
     def _recheck_created(self, created: list[tuple[KubernetesJob, LaunchIdentity]], rows: dict) -> None:
         """Post-create re-check: delete pods whose launch went stale between check and create (a2)."""
         for job, launch in created:
-            verdict = verdicts.should_delete(launch, rows.get(launch.ti_id))
-            if verdict.act:
-                name, namespace = self._pod_location(job)
-                if name:
-                    self._delete_launch_pod(name, namespace, launch, "post_create", verdict, rows.get(launch.ti_id))
-                    self._remember_fenced_out(name, launch)
+            row = rows.get(launch.ti_id)
+            verdict = verdicts.should_delete(launch, row)
+            if not verdict.act:
+                continue
+            name, namespace = self._pod_location(job)
+            if self._enforcing and name:
+                self._delete_launch_pod(name, namespace, launch, "post_create", verdict, row)
+            else:
+                # audit, or a pod renamed by a mutation hook: reported here, the sweep finds it
+                metrics.decision("pod.stale", path="post_create", reason=verdict.reason.value,
+                                 enforced=self._enforcing,
+                                 ti=launch.ti_id, launch=short(launch.token), current=short(row.token if row else None))
 
     # ---------------------------------------------------------------- state-change fence (b1-b5)
 
@@ -367,6 +376,10 @@ class FencedKubernetesExecutor(KubernetesExecutor):
     def _prefetch_state_verdicts(self, batch: list[KubernetesResults]) -> None:
         """One DB read for every watcher result of this sync (pods resolved from memory first)."""
         try:
+            with self._launches_lock:
+                misses = sum(1 for result in batch if result.pod_name not in self._launches)
+            if misses > PRIME_AFTER_MISSES:  # a watcher relist after a restart or a 410
+                self._prime_launches()
             launches = {id(result): self._launch_of_pod(result.pod_name, result.namespace) for result in batch}
             ti_ids = {launch.ti_id for launch in launches.values() if launch is not None and not launch.legacy}
             with metrics.timed("fence_check.duration", path="state_change"):
@@ -379,21 +392,32 @@ class FencedKubernetesExecutor(KubernetesExecutor):
             row = rows.get(launch.ti_id) if launch is not None else None
             self._state_verdicts[id(result)] = (launch, verdicts.should_swallow(launch, row), row)
 
-    def _remember_fenced_out(self, name: str, launch: LaunchIdentity) -> None:
-        with self._fenced_out_lock:
-            self._launches.pop(name, None)
-            self._fenced_out[name] = launch
-            while len(self._fenced_out) > FENCED_OUT_MEMORY:
-                self._fenced_out.popitem(last=False)
+    def _remember(self, name: str, launch: LaunchIdentity) -> None:
+        with self._launches_lock:
+            self._launches[name] = launch
+            self._launches.move_to_end(name)
+            while len(self._launches) > LAUNCH_MEMORY:
+                self._launches.popitem(last=False)
+
+    def _prime_launches(self) -> None:
+        """Learn the identity of every pod this scheduler watches with metadata-only list pages,
+        instead of one pod read per unknown pod."""
+        selector = f"airflow-worker={self._make_safe_label_value(str(self.scheduler_job_id))},{TOKEN_LABEL}"
+        for namespace in self._namespaces():
+            for page in pods.list_pages(self.kube_client, namespace, label_selector=selector,
+                                        request_args=self.kube_config.kube_client_request_args):
+                for ref in page:
+                    if ref.launch is not None:
+                        self._remember(ref.name, ref.launch)
 
     def _launch_of_pod(self, name: str, namespace: str) -> LaunchIdentity | None:
-        with self._fenced_out_lock:
-            launch = self._launches.get(name) or self._fenced_out.get(name)
+        with self._launches_lock:
+            launch = self._launches.get(name)
         if launch is None:
             ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
             launch = ref.launch if ref is not None else None
             if launch is not None:
-                self._launches[name] = launch
+                self._remember(name, launch)
         return launch
 
     def _change_state(self, results: KubernetesResults, **kwargs: Any) -> None:
@@ -421,14 +445,11 @@ class FencedKubernetesExecutor(KubernetesExecutor):
             )
             if self._enforcing:
                 self._delete_launch_pod(results.pod_name, results.namespace, launch, "state_change", verdict, row)
-                self._remember_fenced_out(results.pod_name, launch)
                 return
         if self._enforcing and results.state == FAILED:
             self._rename_requeue_job(results.key)
         super()._change_state(results, **kwargs)
-        if results.state != RUNNING:
-            self._launches.pop(results.pod_name, None)
-        elif (
+        if (
             launch is not None
             and verdict.reason is verdicts.Reason.CURRENT
             and self.event_buffer.get(results.key) == (RUNNING, None)
@@ -447,7 +468,7 @@ class FencedKubernetesExecutor(KubernetesExecutor):
         override = copy.deepcopy(attempt.job.kube_executor_config)
         override.metadata.name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token, attempt.attempts + 1)
         attempt.job = attempt.job._replace(kube_executor_config=override)
-        self._launches[override.metadata.name] = launch
+        self._remember(override.metadata.name, launch)
 
     # ---------------------------------------------------------------- adoption fence (c)
 
@@ -483,12 +504,12 @@ class FencedKubernetesExecutor(KubernetesExecutor):
                 )
                 if deleted:
                     metrics.incr("pod.deleted", {"path": "adoption", "reason": verdict.reason.value})
-                    self._remember_fenced_out(ref.name, ref.launch)
+                    self._remember(ref.name, ref.launch)
                 if self._enforcing:
                     return  # not adopted: the scheduler resets the TI as usual
         super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
         if ref.launch is not None:
-            self._launches[ref.name] = ref.launch
+            self._remember(ref.name, ref.launch)
 
     # ---------------------------------------------------------------- revoke
 

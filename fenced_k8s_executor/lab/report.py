@@ -74,10 +74,13 @@ def write_timeline(scenario: str, runs: dict[str, Any], path: Path) -> None:
         t0 = min([f["ts"] for f in evidence.faults] + [p["created"] for p in evidence.pods if p.get("created")] or [0])
         tasks = sorted({p.get("task_id") or "?" for p in evidence.pods})
         row = {task: i for i, task in enumerate(tasks)}
-        for pod in evidence.pods:
+        seen: dict[str, int] = {}
+        for pod in sorted(evidence.pods, key=lambda p: p.get("created") or 0):
             if not pod.get("created"):
                 continue
-            y = row[pod.get("task_id") or "?"]
+            task = pod.get("task_id") or "?"
+            seen[task] = seen.get(task, 0) + 1
+            y = row[task] + 0.18 * (seen[task] - 1)  # one lane per pod of the task
             start = pod.get("started")
             end = pod.get("finished") or (start or pod["created"])
             stale = pod.get("_stale", False)
@@ -85,9 +88,10 @@ def write_timeline(scenario: str, runs: dict[str, Any], path: Path) -> None:
             if start:
                 ax.plot([start - t0, end - t0], [y, y], color="tab:red" if stale else "tab:green", lw=6,
                         solid_capstyle="butt")
-        for fault in evidence.faults:
+        for k, fault in enumerate(evidence.faults):
             ax.axvline(fault["ts"] - t0, color="tab:orange", ls="--", lw=1)
-            ax.text(fault["ts"] - t0, len(tasks) - 0.4, fault["what"][:28], rotation=90, fontsize=6, va="top")
+            ax.text(fault["ts"] - t0 + 0.4 * k, len(tasks) - 0.4, fault["what"][:32], rotation=90, fontsize=6,
+                    va="top")
         ax.set_yticks(range(len(tasks)), tasks, fontsize=7)
         ax.set_xlabel("seconds")
         ax.set_title(f"{scenario}: {executor} (grey pending, green current, red superseded)", fontsize=9)

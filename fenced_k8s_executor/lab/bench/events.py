@@ -55,7 +55,6 @@ def _state_once(lab: Lab, ex, watches: list, mode: str) -> dict:
     ex.running.update(ex._bench_running)
     if hasattr(ex, "_launches"):
         ex._launches.update(ex._bench_launches if mode == "hit" else {})
-        ex._fenced_out.clear()
     for w in watches:  # exactly what the watcher hands over
         ex.kube_scheduler.process_watcher_task(w)
     while ex.result_queue.qsize() < len(watches):
