@@ -1,39 +1,37 @@
 """FencedKubernetesExecutor: the provider's KubernetesExecutor with launch-token fences wired in.
 
-Wiring only: every override asks a pure verdict (``verdicts``) about data read by ``ledger``
-(DB) and ``pods`` (Kubernetes), acts on it, and otherwise hands over to ``super()``.
+Wiring only: the class gives every pod its launch identity and composes the per-path fences
+(``fences.creation``, ``fences.events``, ``fences.handover``); each override asks a pure verdict
+(``verdicts``) about data read by ``ledger`` (DB) and ``pods`` (Kubernetes), acts on it, and
+otherwise hands over to ``super()``.
 """
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import threading
 from collections import OrderedDict, deque
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import Configuration
 from kubernetes.client import models as k8s
 
 from airflow.executors.base_executor import BaseExecutor
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
-from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import annotations_to_key
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
-from airflow.utils.state import TaskInstanceState
 
-from fenced_k8s_executor import batches, compat, config, ledger, metrics, pods, verdicts
+from fenced_k8s_executor import compat, config, metrics, pods, verdicts
+from fenced_k8s_executor.fences.common import QUEUED, workload_of
+from fenced_k8s_executor.fences.creation import CreationFence
+from fenced_k8s_executor.fences.events import EventFence
+from fenced_k8s_executor.fences.handover import HandoverFence
 from fenced_k8s_executor.launch import LaunchIdentity, as_token, pod_name
 from fenced_k8s_executor.metrics import short
-from fenced_k8s_executor.names import TI_ID_LABEL, TOKEN_LABEL
+from fenced_k8s_executor.names import TOKEN_LABEL
 from fenced_k8s_executor.sweep import Sweeper
 
 if TYPE_CHECKING:
-    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import (
-        KubernetesJob,
-        KubernetesResults,
-    )
+    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesJob
 
 log = logging.getLogger("fenced_k8s_executor")
 
@@ -42,12 +40,6 @@ log = logging.getLogger("fenced_k8s_executor")
 #: must be judged too, without a pod read that would find nothing.
 LAUNCH_MEMORY = 20_000
 
-#: Unknown pods in one sync beyond which one metadata list beats reading pods one by one.
-PRIME_AFTER_MISSES = 8
-
-QUEUED = TaskInstanceState.QUEUED
-RUNNING = TaskInstanceState.RUNNING
-FAILED = TaskInstanceState.FAILED
 
 
 class _SharedModelConfiguration(Configuration):
@@ -65,24 +57,7 @@ class _SharedModelConfiguration(Configuration):
 _MODEL_CONFIG = _SharedModelConfiguration()
 
 
-def _workload_of(command: Any) -> Any:
-    from airflow.executors.workloads import ExecuteTask
-
-    if command and isinstance(command[0], ExecuteTask):
-        return command[0]
-    return None
-
-
-def _is_already_exists(error: Exception) -> bool:
-    if getattr(error, "status", None) != 409:
-        return False
-    try:
-        return json.loads(getattr(error, "body", None) or "{}").get("reason") == "AlreadyExists"
-    except (TypeError, ValueError):
-        return "already exists" in str(getattr(error, "body", ""))
-
-
-class FencedKubernetesExecutor(KubernetesExecutor):
+class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, KubernetesExecutor):
     """KubernetesExecutor whose pods carry their launch token and whose every path checks it."""
 
     pre_assigns_external_executor_id = True
@@ -159,7 +134,7 @@ class FencedKubernetesExecutor(KubernetesExecutor):
         )
 
     def _launch_of_job(self, job: KubernetesJob | None) -> LaunchIdentity | None:
-        workload = _workload_of(job.command) if job is not None else None
+        workload = workload_of(job.command) if job is not None else None
         return self._launch_of_workload(workload) if workload is not None else None
 
     def _pod_location(self, job: KubernetesJob) -> tuple[str | None, str]:
@@ -183,7 +158,7 @@ class FencedKubernetesExecutor(KubernetesExecutor):
         return pod
 
     def execute_async(self, key: Any, command: Any, queue: str | None = None, executor_config: Any = None) -> None:
-        workload = _workload_of(command)
+        workload = workload_of(command)
         if self.fence is None or self.fence.mode is config.Mode.OFF or workload is None:
             return super().execute_async(key, command, queue, executor_config)
         launch = self._launch_of_workload(workload)
@@ -209,188 +184,6 @@ class FencedKubernetesExecutor(KubernetesExecutor):
         # external_executor_id, which would erase the token the fences compare with (b5).
         if launch.token and self.event_buffer.get(key) == (QUEUED, self.scheduler_job_id):
             self.event_buffer[key] = (QUEUED, launch.token)
-
-    # ---------------------------------------------------------------- pre-creation fence (a1, a2, a3)
-
-    def _create_pods_sequentially(self) -> None:
-        with self._fenced_creation_batch():
-            super()._create_pods_sequentially()
-
-    def _create_pods_concurrently(self) -> None:
-        with self._fenced_creation_batch():
-            super()._create_pods_concurrently()
-
-    @contextmanager
-    def _fenced_creation_batch(self) -> Iterator[None]:
-        """Read the whole creation batch's rows in one query, then let the provider create.
-
-        The same query re-checks the pods created in the previous loop (post-create, a2), so a
-        busy scheduler pays one round trip per loop for both checks.
-        """
-        if not self._fencing or self.task_queue is None:
-            yield
-            return
-        real = self.task_queue
-        size = self.kube_config.worker_pods_creation_batch_size
-        jobs = [self._carry.popleft() for _ in range(min(size, len(self._carry)))]
-        jobs += batches.drain(real, size - len(jobs))
-        unverified, self._unverified = self._unverified, []
-        if not jobs and not unverified:
-            yield
-            return
-        launches = {id(job): self._launch_of_job(job) for job in jobs}
-        ti_ids = {launch.ti_id for launch in launches.values() if launch is not None}
-        ti_ids |= {launch.ti_id for _, launch in unverified}
-        try:
-            with metrics.timed("fence_check.duration", path="pre_create"):
-                rows = ledger.read_rows(ti_ids)
-        except Exception as error:
-            # No evidence either way: create nothing and drop nothing this loop.
-            log.warning("fenced_k8s_executor pre-create check failed, retrying next loop: %r", error)
-            metrics.incr("fence_check.error", {"path": "pre_create"})
-            self._carry.extendleft(reversed(jobs))
-            self._unverified = unverified + self._unverified
-            jobs = []
-            rows = None
-        if rows is not None:
-            self._recheck_created(unverified, rows)
-            scheduler_job_id = self._scheduler_job_int()
-            for job in jobs:
-                launch = launches[id(job)]
-                if launch is not None:
-                    verdict = verdicts.should_create(launch, rows.get(launch.ti_id), scheduler_job_id)
-                    self._precreate[id(job)] = (launch, verdict)
-        adapter = batches.BatchQueue(real, jobs)
-        self.task_queue = adapter
-        self._publish_failed = set()
-        try:
-            yield
-        finally:
-            self.task_queue = real
-            self._carry.extendleft(reversed(adapter.leftovers()))
-            self._finish_creation_batch(adapter.served)
-
-    def _finish_creation_batch(self, served: list[KubernetesJob]) -> None:
-        for job in served:
-            entry = self._precreate.pop(id(job), None)
-            if entry is None or id(job) in self._publish_failed:
-                continue
-            launch, verdict = entry
-            if verdict.act or (not self._enforcing and verdict.stock):
-                self._unverified.append((job, launch))
-                name, _ = self._pod_location(job)
-                if name:
-                    self._remember(name, launch)
-                metrics.incr("launch.created", {"reason": verdict.reason.value})
-        self._precreate.clear()
-        self._publish_failed = set()
-
-    def _should_create_pod_for_job(self, task: KubernetesJob) -> bool:
-        entry = self._precreate.get(id(task))
-        if entry is None:  # not an ExecuteTask job, or fencing is off: the provider's own check
-            return super()._should_create_pod_for_job(task)
-        launch, verdict = entry
-        create = verdict.act if self._enforcing else verdict.stock
-        if not verdict.act:
-            metrics.decision(
-                "launch.dropped",
-                path="pre_create",
-                reason=verdict.reason.value,
-                enforced=self._enforcing,
-                ti=launch.ti_id,
-                try_number=launch.try_number,
-                launch=short(launch.token),
-            )
-        return create
-
-    def _discard_stale_pod_creation_task(self, task: KubernetesJob) -> None:
-        if self._enforcing:
-            launch = self._launch_of_job(task)
-            attempt = self.pod_launch_attempts.get(task.key)
-            newest = self._launch_of_job(attempt.job) if attempt is not None else None
-            if launch is not None and newest is not None and newest.token != launch.token:
-                return  # a newer launch of the same key owns `running` and the event buffer
-            if launch is not None and launch.token and self.event_buffer.get(task.key) == (QUEUED, launch.token):
-                self.event_buffer.pop(task.key, None)
-        super()._discard_stale_pod_creation_task(task)
-
-    def _handle_pod_publish_error(self, task: KubernetesJob, e: Exception) -> bool:
-        if self._enforcing and _is_already_exists(e) and self._created_by_earlier_try(task):
-            self.task_publish_retries.pop(task.key, None)
-            launch = self._launch_of_job(task)
-            metrics.decision(
-                "launch.already_created",
-                path="pre_create",
-                reason="already_exists",
-                enforced=True,
-                ti=launch.ti_id if launch else "-",
-                launch=short(launch.token if launch else None),
-            )
-            return False
-        self._publish_failed.add(id(task))
-        return super()._handle_pod_publish_error(task, e)
-
-    def _created_by_earlier_try(self, task: KubernetesJob) -> bool:
-        """A 409 AlreadyExists on our deterministic name: was it our own earlier, timed-out create (a3)?"""
-        launch = self._launch_of_job(task)
-        name, namespace = self._pod_location(task)
-        if launch is None or not launch.token or not name:
-            return False
-        try:
-            ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
-        except Exception:
-            return False
-        return ref is not None and ref.launch is not None and ref.launch.token == launch.token
-
-    def _recheck_created(self, created: list[tuple[KubernetesJob, LaunchIdentity]], rows: dict) -> None:
-        """Post-create re-check: delete pods whose launch went stale between check and create (a2)."""
-        for job, launch in created:
-            row = rows.get(launch.ti_id)
-            verdict = verdicts.should_delete(launch, row)
-            if not verdict.act:
-                continue
-            name, namespace = self._pod_location(job)
-            if self._enforcing and name:
-                self._delete_launch_pod(name, namespace, launch, "post_create", verdict, row)
-            else:
-                # audit, or a pod renamed by a mutation hook: reported here, the sweep finds it
-                metrics.decision("pod.stale", path="post_create", reason=verdict.reason.value,
-                                 enforced=self._enforcing,
-                                 ti=launch.ti_id, launch=short(launch.token), current=short(row.token if row else None))
-
-    # ---------------------------------------------------------------- state-change fence (b1-b5)
-
-    def sync(self) -> None:
-        if not self._fencing or self.result_queue is None:
-            return super().sync()
-        if self.sweeper is not None:
-            self.sweeper.maybe_start()
-        real = self.result_queue
-        self.result_queue = batches.LazyBatchQueue(real, self._prefetch_state_verdicts)
-        try:
-            super().sync()
-        finally:
-            self.result_queue = real
-            self._state_verdicts.clear()
-
-    def _prefetch_state_verdicts(self, batch: list[KubernetesResults]) -> None:
-        """One DB read for every watcher result of this sync (pods resolved from memory first)."""
-        try:
-            with self._launches_lock:
-                misses = sum(1 for result in batch if result.pod_name not in self._launches)
-            if misses > PRIME_AFTER_MISSES:  # a watcher relist after a restart or a 410
-                self._prime_launches()
-            launches = {id(result): self._launch_of_pod(result.pod_name, result.namespace) for result in batch}
-            ti_ids = {launch.ti_id for launch in launches.values() if launch is not None and not launch.legacy}
-            with metrics.timed("fence_check.duration", path="state_change"):
-                rows = ledger.read_rows(ti_ids)
-        except Exception as error:  # each result is then checked (and retried) on its own
-            log.warning("fenced_k8s_executor state-change prefetch failed: %r", error)
-            return
-        for result in batch:
-            launch = launches[id(result)]
-            row = rows.get(launch.ti_id) if launch is not None else None
-            self._state_verdicts[id(result)] = (launch, verdicts.should_swallow(launch, row), row)
 
     def _remember(self, name: str, launch: LaunchIdentity) -> None:
         with self._launches_lock:
@@ -419,131 +212,6 @@ class FencedKubernetesExecutor(KubernetesExecutor):
             if launch is not None:
                 self._remember(name, launch)
         return launch
-
-    def _change_state(self, results: KubernetesResults, **kwargs: Any) -> None:
-        if not self._fencing:
-            return super()._change_state(results, **kwargs)
-        entry = self._state_verdicts.pop(id(results), None)
-        if entry is None:  # raises on a DB or API error: the provider re-queues the result
-            launch = self._launch_of_pod(results.pod_name, results.namespace)
-            row = None
-            if launch is not None and not launch.legacy:
-                row = ledger.read_rows([launch.ti_id]).get(launch.ti_id)
-            entry = (launch, verdicts.should_swallow(launch, row), row)
-        launch, verdict, row = entry
-        if verdict.act:
-            metrics.decision(
-                "event.swallowed",
-                path="state_change",
-                reason=verdict.reason.value,
-                enforced=self._enforcing,
-                pod=f"{results.namespace}/{results.pod_name}",
-                state=results.state,
-                ti=launch.ti_id,
-                launch=short(launch.token),
-                current=short(row.token if row else None),
-            )
-            if self._enforcing:
-                self._delete_launch_pod(results.pod_name, results.namespace, launch, "state_change", verdict, row)
-                return
-        if self._enforcing and results.state == FAILED:
-            self._rename_requeue_job(results.key)
-        super()._change_state(results, **kwargs)
-        if (
-            launch is not None
-            and verdict.reason is verdicts.Reason.CURRENT
-            and self.event_buffer.get(results.key) == (RUNNING, None)
-        ):
-            self.event_buffer[results.key] = (RUNNING, launch.token)
-
-    def _rename_requeue_job(self, key: Any) -> None:
-        """Give the pre-execution requeue of a launch the next attempt's pod name (the failed pod
-        keeps its name until deleted)."""
-        attempt = self.pod_launch_attempts.get(key)
-        launch = self._launch_of_job(attempt.job) if attempt is not None else None
-        name, _ = self._pod_location(attempt.job) if attempt is not None else (None, None)
-        if launch is None or not launch.token or not name:
-            return
-        workload = _workload_of(attempt.job.command)
-        override = copy.deepcopy(attempt.job.kube_executor_config)
-        override.metadata.name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token, attempt.attempts + 1)
-        attempt.job = attempt.job._replace(kube_executor_config=override)
-        self._remember(override.metadata.name, launch)
-
-    # ---------------------------------------------------------------- adoption fence (c)
-
-    def try_adopt_task_instances(self, tis: Any) -> Any:
-        # The provider forgets a TI once one pod was adopted for it; the fence must still judge
-        # the other pods of that key against the TI (several pods, one key).
-        self._adopting = {ti.key: ti for ti in tis}
-        try:
-            return super().try_adopt_task_instances(tis)
-        finally:
-            self._adopting = {}
-
-    def adopt_launched_task(self, kube_client: Any, pod: Any, tis_to_flush_by_key: dict) -> None:
-        if not self._fencing:
-            return super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
-        ref = pods.ref_from_metadata(pod.metadata)
-        key = annotations_to_key(pod.metadata.annotations)
-        ti = tis_to_flush_by_key.get(key) or self._adopting.get(key)
-        if ti is not None and ref.launch is not None:
-            verdict = verdicts.should_adopt(ref.launch, str(ti.id), ti.external_executor_id)
-            if not verdict.act:
-                deleted = self._enforcing and pods.delete(kube_client, ref, self.kube_config.kube_client_request_args)
-                metrics.decision(
-                    "adoption.refused",
-                    path="adoption",
-                    reason=verdict.reason.value,
-                    enforced=self._enforcing,
-                    pod=f"{ref.namespace}/{ref.name}",
-                    ti=str(ti.id),
-                    launch=short(ref.launch.token),
-                    current=short(as_token(ti.external_executor_id)),
-                    deleted=deleted,
-                )
-                if deleted:
-                    metrics.incr("pod.deleted", {"path": "adoption", "reason": verdict.reason.value})
-                    self._remember(ref.name, ref.launch)
-                if self._enforcing:
-                    return  # not adopted: the scheduler resets the TI as usual
-        super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
-        if ref.launch is not None:
-            self._remember(ref.name, ref.launch)
-
-    # ---------------------------------------------------------------- revoke
-
-    def revoke_task(self, *, ti: Any) -> None:
-        super().revoke_task(ti=ti)
-        if not self._fencing:
-            return
-        for namespace in self._namespaces():
-            try:
-                for page in pods.list_pages(
-                    self.kube_client,
-                    namespace,
-                    label_selector=f"{TI_ID_LABEL}={ti.id}",
-                    request_args=self.kube_config.kube_client_request_args,
-                ):
-                    for ref in page:
-                        if ref.deleting or ref.launch is None or ref.launch.ti_id != str(ti.id):
-                            continue
-                        deleted = False
-                        if self._enforcing:
-                            # Like the provider: a revoked pod's events are not the task's outcome.
-                            self.kube_scheduler.patch_pod_revoked(pod_name=ref.name, namespace=ref.namespace)
-                            deleted = pods.delete(self.kube_client, ref, self.kube_config.kube_client_request_args)
-                        metrics.decision(
-                            "pod.deleted" if deleted else "pod.revoked",
-                            path="revoke",
-                            reason="revoked",
-                            enforced=self._enforcing,
-                            pod=f"{ref.namespace}/{ref.name}",
-                            ti=str(ti.id),
-                            launch=short(ref.launch.token),
-                        )
-            except Exception as error:  # the stuck-queued handler must go on; the sweep follows up
-                log.warning("fenced_k8s_executor revoke listing failed for %s: %r", ti.id, error)
 
     # ---------------------------------------------------------------- shared action
 

@@ -1,0 +1,20 @@
+"""Small things every fence module shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.utils.state import TaskInstanceState
+
+QUEUED = TaskInstanceState.QUEUED
+RUNNING = TaskInstanceState.RUNNING
+FAILED = TaskInstanceState.FAILED
+
+
+def workload_of(command: Any) -> Any:
+    """The ExecuteTask workload a job or command carries, or None (other workload kinds)."""
+    from airflow.executors.workloads import ExecuteTask
+
+    if command and isinstance(command[0], ExecuteTask):
+        return command[0]
+    return None

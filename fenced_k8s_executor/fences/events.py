@@ -1,0 +1,110 @@
+"""The state-change fence (races b1-b5), mixed into FencedKubernetesExecutor.
+
+Every watcher result and adopted completed pod is judged before it can touch ``running``, the
+event buffer or the pre-execution requeue; the DB is read once per sync for all of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fenced_k8s_executor import batches, ledger, metrics, verdicts
+from fenced_k8s_executor.fences.common import FAILED, RUNNING, workload_of
+from fenced_k8s_executor.launch import pod_name
+from fenced_k8s_executor.metrics import short
+
+if TYPE_CHECKING:
+    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesResults
+
+log = logging.getLogger("fenced_k8s_executor")
+
+#: Unknown pods in one sync beyond which one metadata list beats reading pods one by one.
+PRIME_AFTER_MISSES = 8
+
+
+class EventFence:
+    """Judge pod events by their launch token; swallow and delete the stale ones."""
+
+    def sync(self) -> None:
+        if not self._fencing or self.result_queue is None:
+            return super().sync()
+        if self.sweeper is not None:
+            self.sweeper.maybe_start()
+        real = self.result_queue
+        self.result_queue = batches.LazyBatchQueue(real, self._prefetch_state_verdicts)
+        try:
+            super().sync()
+        finally:
+            self.result_queue = real
+            self._state_verdicts.clear()
+
+    def _prefetch_state_verdicts(self, batch: list[KubernetesResults]) -> None:
+        """One DB read for every watcher result of this sync (pods resolved from memory first)."""
+        try:
+            with self._launches_lock:
+                misses = sum(1 for result in batch if result.pod_name not in self._launches)
+            if misses > PRIME_AFTER_MISSES:  # a watcher relist after a restart or a 410
+                self._prime_launches()
+            launches = {id(result): self._launch_of_pod(result.pod_name, result.namespace) for result in batch}
+            ti_ids = {launch.ti_id for launch in launches.values() if launch is not None and not launch.legacy}
+            with metrics.timed("fence_check.duration", path="state_change"):
+                rows = ledger.read_rows(ti_ids)
+        except Exception as error:  # each result is then checked (and retried) on its own
+            log.warning("fenced_k8s_executor state-change prefetch failed: %r", error)
+            return
+        for result in batch:
+            launch = launches[id(result)]
+            row = rows.get(launch.ti_id) if launch is not None else None
+            self._state_verdicts[id(result)] = (launch, verdicts.should_swallow(launch, row), row)
+
+    def _change_state(self, results: KubernetesResults, **kwargs: Any) -> None:
+        if not self._fencing:
+            return super()._change_state(results, **kwargs)
+        entry = self._state_verdicts.pop(id(results), None)
+        if entry is None:  # raises on a DB or API error: the provider re-queues the result
+            launch = self._launch_of_pod(results.pod_name, results.namespace)
+            row = None
+            if launch is not None and not launch.legacy:
+                row = ledger.read_rows([launch.ti_id]).get(launch.ti_id)
+            entry = (launch, verdicts.should_swallow(launch, row), row)
+        launch, verdict, row = entry
+        if verdict.act:
+            metrics.decision(
+                "event.swallowed",
+                path="state_change",
+                reason=verdict.reason.value,
+                enforced=self._enforcing,
+                pod=f"{results.namespace}/{results.pod_name}",
+                state=results.state,
+                ti=launch.ti_id,
+                launch=short(launch.token),
+                current=short(row.token if row else None),
+            )
+            if self._enforcing:
+                self._delete_launch_pod(results.pod_name, results.namespace, launch, "state_change", verdict, row)
+                return
+        if self._enforcing and results.state == FAILED:
+            self._rename_requeue_job(results.key)
+        super()._change_state(results, **kwargs)
+        if (
+            launch is not None
+            and verdict.reason is verdicts.Reason.CURRENT
+            and self.event_buffer.get(results.key) == (RUNNING, None)
+        ):
+            self.event_buffer[results.key] = (RUNNING, launch.token)
+
+    def _rename_requeue_job(self, key: Any) -> None:
+        """Give the pre-execution requeue of a launch the next attempt's pod name (the failed pod
+        keeps its name until deleted)."""
+        attempt = self.pod_launch_attempts.get(key)
+        launch = self._launch_of_job(attempt.job) if attempt is not None else None
+        name, _ = self._pod_location(attempt.job) if attempt is not None else (None, None)
+        if launch is None or not launch.token or not name:
+            return
+        workload = workload_of(attempt.job.command)
+        override = copy.deepcopy(attempt.job.kube_executor_config)
+        override.metadata.name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token, attempt.attempts + 1)
+        attempt.job = attempt.job._replace(kube_executor_config=override)
+        self._remember(override.metadata.name, launch)

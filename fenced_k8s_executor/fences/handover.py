@@ -1,0 +1,91 @@
+"""Fences on hand-over paths, mixed into FencedKubernetesExecutor: adoption by a peer (race c)
+and revoke (stuck in queued) across schedulers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import annotations_to_key
+
+from fenced_k8s_executor import metrics, pods, verdicts
+from fenced_k8s_executor.launch import as_token
+from fenced_k8s_executor.metrics import short
+from fenced_k8s_executor.names import TI_ID_LABEL
+
+log = logging.getLogger("fenced_k8s_executor")
+
+
+class HandoverFence:
+    """Adopt only the current launch's pod; revoke every pod of a task instance."""
+
+    def try_adopt_task_instances(self, tis: Any) -> Any:
+        # The provider forgets a TI once one pod was adopted for it; the fence must still judge
+        # the other pods of that key against the TI (several pods, one key).
+        self._adopting = {ti.key: ti for ti in tis}
+        try:
+            return super().try_adopt_task_instances(tis)
+        finally:
+            self._adopting = {}
+
+    def adopt_launched_task(self, kube_client: Any, pod: Any, tis_to_flush_by_key: dict) -> None:
+        if not self._fencing:
+            return super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
+        ref = pods.ref_from_metadata(pod.metadata)
+        key = annotations_to_key(pod.metadata.annotations)
+        ti = tis_to_flush_by_key.get(key) or self._adopting.get(key)
+        if ti is not None and ref.launch is not None:
+            verdict = verdicts.should_adopt(ref.launch, str(ti.id), ti.external_executor_id)
+            if not verdict.act:
+                deleted = self._enforcing and pods.delete(kube_client, ref, self.kube_config.kube_client_request_args)
+                metrics.decision(
+                    "adoption.refused",
+                    path="adoption",
+                    reason=verdict.reason.value,
+                    enforced=self._enforcing,
+                    pod=f"{ref.namespace}/{ref.name}",
+                    ti=str(ti.id),
+                    launch=short(ref.launch.token),
+                    current=short(as_token(ti.external_executor_id)),
+                    deleted=deleted,
+                )
+                if deleted:
+                    metrics.incr("pod.deleted", {"path": "adoption", "reason": verdict.reason.value})
+                    self._remember(ref.name, ref.launch)
+                if self._enforcing:
+                    return  # not adopted: the scheduler resets the TI as usual
+        super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
+        if ref.launch is not None:
+            self._remember(ref.name, ref.launch)
+
+    def revoke_task(self, *, ti: Any) -> None:
+        super().revoke_task(ti=ti)
+        if not self._fencing:
+            return
+        for namespace in self._namespaces():
+            try:
+                for page in pods.list_pages(
+                    self.kube_client,
+                    namespace,
+                    label_selector=f"{TI_ID_LABEL}={ti.id}",
+                    request_args=self.kube_config.kube_client_request_args,
+                ):
+                    for ref in page:
+                        if ref.deleting or ref.launch is None or ref.launch.ti_id != str(ti.id):
+                            continue
+                        deleted = False
+                        if self._enforcing:
+                            # Like the provider: a revoked pod's events are not the task's outcome.
+                            self.kube_scheduler.patch_pod_revoked(pod_name=ref.name, namespace=ref.namespace)
+                            deleted = pods.delete(self.kube_client, ref, self.kube_config.kube_client_request_args)
+                        metrics.decision(
+                            "pod.deleted" if deleted else "pod.revoked",
+                            path="revoke",
+                            reason="revoked",
+                            enforced=self._enforcing,
+                            pod=f"{ref.namespace}/{ref.name}",
+                            ti=str(ti.id),
+                            launch=short(ref.launch.token),
+                        )
+            except Exception as error:  # the stuck-queued handler must go on; the sweep follows up
+                log.warning("fenced_k8s_executor revoke listing failed for %s: %r", ti.id, error)
