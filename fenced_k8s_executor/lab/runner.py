@@ -157,7 +157,8 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     dags = write_fanout(run_dir / "dags", dag_id, width).parent
     db_url = new_airflow_db(pg_server)
     ev.install_change_log(db_url)
-    env = {**COMMON_ENV, **scenario.env, **(FENCED_ENV if executor == "fenced" else {})}
+    env = {**COMMON_ENV, **scenario.env, **(FENCED_ENV if executor == "fenced" else {}),
+           **(scenario.fenced_env if executor == "fenced" else {})}
     emulator = Emulator()
     emulator.start()
     stack = kubelet = None

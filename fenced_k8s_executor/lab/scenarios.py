@@ -24,6 +24,7 @@ class Scenario:
     capacity: int | None = None  # concurrent pods the kubelet runs (node capacity)
     delay: str | None = None  # LongTailDelay spec, e.g. "lognormal:scale=3,sigma=0.8,cap=30"
     schedulers: int | None = None  # override of --schedulers
+    fenced_env: dict[str, str] = field(default_factory=dict)  # extra settings for the fenced run only
     timeout: float = 300.0  # seconds to wait for every task to be terminal
 
 
@@ -110,6 +111,11 @@ SCENARIOS: dict[str, Scenario] = {
                  capacity=2, delay="lognormal:scale=6,sigma=0.8,cap=40"),
         Scenario("clear_churn", _clear_churn.__doc__ or "", (4, 12), _clear_churn,
                  env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"}),
+        Scenario("late_start", "Clear churn with the fenced executor's sweep switched off: stale pods reach "
+                 "their container start, where only the launch gate (launch claim, run gate, worker "
+                 "entrypoint) stands between them and the task.", (4, 12), _clear_churn,
+                 env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"},
+                 fenced_env={"AIRFLOW__FENCED_KUBERNETES_EXECUTOR__SWEEP_INTERVAL": "0"}),
         Scenario("zombie_scheduler", _zombie_scheduler.__doc__ or "", (6, 12), _zombie_scheduler,
                  env={"AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15"}, capacity=4,
                  delay="lognormal:scale=8,sigma=0.6,cap=40", schedulers=2, timeout=360),
