@@ -13,11 +13,10 @@ from fenced_k8s_executor.lab import evidence as ev
 from fenced_k8s_executor.lab.dags import write_fanout
 from fenced_k8s_executor.lab.measure import TERMINAL, measure
 from fenced_k8s_executor.lab.scenarios import Scenario
+from fenced_k8s_executor.lab.stack import STOCK_EXECUTOR
+from fenced_k8s_executor.names import EXECUTOR_CLASS_PATH
 
-EXECUTORS = {
-    "stock": "airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor",
-    "fenced": "fenced_k8s_executor.FencedKubernetesExecutor",
-}
+EXECUTORS = {"stock": STOCK_EXECUTOR, "fenced": EXECUTOR_CLASS_PATH}
 #: The fenced executor as an operator would run it in a lab: the sweep a little more often.
 FENCED_ENV = {"AIRFLOW__FENCED_KUBERNETES_EXECUTOR__SWEEP_INTERVAL": "5"}
 COMMON_ENV = {

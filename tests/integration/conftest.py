@@ -15,31 +15,10 @@ from typing import Any, Callable
 import pytest
 
 from fenced_k8s_executor.lab import seed
+from fenced_k8s_executor.lab.stack import POD_TEMPLATE, STOCK_EXECUTOR
+from fenced_k8s_executor.names import EXECUTOR_CLASS_PATH
 
-STOCK = "airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor"
-FENCED = "fenced_k8s_executor.FencedKubernetesExecutor"
 JWT_SECRET = "integration-jwt-secret-" + "x" * 48
-
-POD_TEMPLATE = """\
-apiVersion: v1
-kind: Pod
-metadata:
-  name: placeholder
-spec:
-  restartPolicy: Never
-  containers:
-    - name: base
-      image: lab/airflow:local
-"""
-
-
-@pytest.fixture(scope="session")
-def pg_server():
-    from fenced_k8s_executor.lab.postgres import start_from_template
-
-    server = start_from_template()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -61,23 +40,6 @@ def metadata_db(pg_server):
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     yield engine
     engine.dispose()
-
-
-@pytest.fixture(scope="session")
-def emulator_server():
-    from fenced_k8s_executor.lab.kubeapi import Emulator
-
-    emu = Emulator()
-    emu.start()
-    yield emu
-    emu.stop()
-
-
-@pytest.fixture
-def emulator(emulator_server):
-    emulator_server.reset()
-    yield emulator_server
-    emulator_server.clear_faults()
 
 
 @dataclass
@@ -245,7 +207,7 @@ def world(metadata_db, emulator, tmp_path, monkeypatch):
 def _executor_class(kind: str) -> type:
     import importlib
 
-    module, _, name = (STOCK if kind == "stock" else FENCED).rpartition(".")
+    module, _, name = (STOCK_EXECUTOR if kind == "stock" else EXECUTOR_CLASS_PATH).rpartition(".")
     return getattr(importlib.import_module(module), name)
 
 

@@ -29,16 +29,6 @@ SMOKE_DAG = textwrap.dedent('''
 
 
 @pytest.fixture(scope="session")
-def pg_server():
-    """One PostgreSQL server for the session, started from the cached migrated template."""
-    from fenced_k8s_executor.lab.postgres import start_from_template
-
-    server = start_from_template()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
 def airflow_db_factory(pg_server):
     """Call it to get the SQLAlchemy URL of a fresh, already migrated Airflow database."""
     from fenced_k8s_executor.lab.postgres import new_airflow_db
@@ -49,24 +39,6 @@ def airflow_db_factory(pg_server):
 @pytest.fixture
 def airflow_db(airflow_db_factory) -> str:
     return airflow_db_factory()
-
-
-@pytest.fixture(scope="session")
-def emulator_session():
-    from fenced_k8s_executor.lab.kubeapi.emulator import Emulator
-
-    emu = Emulator()
-    emu.start()
-    yield emu
-    emu.stop()
-
-
-@pytest.fixture
-def emulator(emulator_session):
-    """The session emulator, reset for this test (objects, logs, faults, audit)."""
-    emulator_session.reset()
-    yield emulator_session
-    emulator_session.clear_faults()
 
 
 @pytest.fixture

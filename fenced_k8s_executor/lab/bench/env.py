@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-STOCK = "airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor"
-FENCED = "fenced_k8s_executor.FencedKubernetesExecutor"
+from fenced_k8s_executor.lab.stack import STOCK_EXECUTOR as STOCK
+from fenced_k8s_executor.names import EXECUTOR_CLASS_PATH as FENCED
+
 KINDS = ("stock", "fenced")
 JWT_SECRET = "bench-jwt-secret-" + "x" * 48
 BUNDLE = "dags-folder"
