@@ -137,7 +137,12 @@ class CreationFence:
         super()._discard_stale_pod_creation_task(task)
 
     def _handle_pod_publish_error(self, task: KubernetesJob, e: Exception) -> bool:
-        if self._enforcing and _is_already_exists(e) and self._created_by_earlier_try(task):
+        created = self._created_by_earlier_try(task) if self._enforcing and _is_already_exists(e) else False
+        if created is None:  # could not read the pod: no evidence either way, try again next loop
+            self._publish_failed.add(id(task))
+            self.task_queue.put(task)
+            return False
+        if created:
             self.task_publish_retries.pop(task.key, None)
             launch = self._launch_of_job(task)
             metrics.decision(
@@ -152,8 +157,9 @@ class CreationFence:
         self._publish_failed.add(id(task))
         return super()._handle_pod_publish_error(task, e)
 
-    def _created_by_earlier_try(self, task: KubernetesJob) -> bool:
-        """A 409 AlreadyExists on our deterministic name: was it our own earlier, timed-out create (a3)?"""
+    def _created_by_earlier_try(self, task: KubernetesJob) -> bool | None:
+        """A 409 AlreadyExists on our deterministic name: was it our own earlier, timed-out create
+        (a3)? None when the pod could not be read."""
         launch = self._launch_of_job(task)
         name, namespace = self._pod_location(task)
         if launch is None or not launch.token or not name:
@@ -161,8 +167,10 @@ class CreationFence:
         try:
             ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
         except Exception:
-            return False
-        return ref is not None and ref.launch is not None and ref.launch.token == launch.token
+            return None
+        if ref is None:  # gone again since the 409: create it on the next loop
+            return None
+        return ref.launch is not None and ref.launch.token == launch.token
 
     def _recheck_created(self, created: list[tuple[KubernetesJob, LaunchIdentity]], rows: dict) -> None:
         """Post-create re-check: delete pods whose launch went stale between check and create (a2)."""
