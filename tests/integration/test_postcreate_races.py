@@ -252,3 +252,22 @@ def test_no_false_positive_deletions_under_faults(world, make_executor, pg_serve
     assert names <= {p.metadata.name for p in world.pods()}
     assert world.deletes_by(f"scheduler-{JOB}") == []
     assert {world.ref(ti, JOB).key for ti in tis} <= executor.running
+
+
+def test_schedulers_take_turns_sweeping(world):
+    """While one scheduler holds the sweep lock, another's sweep skips its round."""
+    from fenced_k8s_executor.sweep import Sweeper, advisory_lock
+
+    (ti,) = world.tis("turns", job_id=99)
+    seed.clear_to_next_try(world.engine, ti, queued_by_job_id=PEER)
+    stale = world.stale_pod(ti, ti.token, job_id=99)
+    sweeper = Sweeper(kube_client=world.kube, namespaces=[world.namespace], interval=1, page_size=50,
+                      enforcing=True)
+    with advisory_lock() as held:  # the peer's sweep in progress
+        assert held
+        report = sweeper.run_once()
+        assert report.skipped and report.deleted == 0
+        assert stale in pod_names(world, ti)
+    report = sweeper.run_once()
+    assert report.skipped is None and report.deleted == 1 and report.db_queries == 1
+    assert stale not in pod_names(world, ti)
