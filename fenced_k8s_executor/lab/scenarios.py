@@ -62,10 +62,11 @@ def _clear_churn(ctx: Any) -> None:
 
 
 def _zombie_scheduler(ctx: Any) -> None:
-    """One scheduler freezes (GC pause, partition) past the health threshold while it owns pending
-    and running pods; its peer adopts or resets; then it wakes up with its old in-memory state."""
-    ctx.trigger()
-    ctx.wait_pods(max(2, ctx.width // 2))
+    """The pending storm, then scheduler-0 freezes (GC pause, partition) past the health threshold
+    while it owns pending and running pods, stale ones among them; its peer adopts or resets; then
+    it wakes up with its old in-memory state (races c, d)."""
+    _storm(ctx)
+    ctx.sleep(5)
     ctx.pause_scheduler(0, "SIGSTOP scheduler-0")
     ctx.sleep(55)
     ctx.resume_scheduler(0, "SIGCONT scheduler-0")
@@ -73,9 +74,10 @@ def _zombie_scheduler(ctx: Any) -> None:
 
 
 def _failover(ctx: Any) -> None:
-    """One scheduler is killed mid-run; its peer adopts or resets its task instances."""
-    ctx.trigger()
-    ctx.wait_pods(max(2, ctx.width // 2))
+    """The pending storm, then scheduler-0 is killed while it owns pending pods, stale ones among
+    them; its peer adopts by coordinates or resets (race c, d)."""
+    _storm(ctx)
+    ctx.sleep(5)
     ctx.kill_scheduler(0, "SIGKILL scheduler-0")
     ctx.wait_terminal()
 
@@ -98,6 +100,7 @@ def _flaky_api(ctx: Any) -> None:
 
 
 _STORM_ENV = {
+    "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": "8",
     "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "20",
     "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "5",
     "AIRFLOW__SCHEDULER__NUM_STUCK_IN_QUEUED_RETRIES": "8",
@@ -116,15 +119,16 @@ SCENARIOS: dict[str, Scenario] = {
                  "entrypoint) stands between them and the task.", (4, 12), _clear_churn,
                  env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"},
                  fenced_env={"AIRFLOW__FENCED_KUBERNETES_EXECUTOR__SWEEP_INTERVAL": "0"}),
-        Scenario("zombie_scheduler", _zombie_scheduler.__doc__ or "", (6, 12), _zombie_scheduler,
-                 env={"AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15"}, capacity=4,
-                 delay="lognormal:scale=8,sigma=0.6,cap=40", schedulers=2, timeout=360),
-        Scenario("failover", _failover.__doc__ or "", (6, 12), _failover,
-                 env={"AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15"}, capacity=4,
-                 delay="lognormal:scale=6,sigma=0.6,cap=30", schedulers=2, timeout=360),
+        Scenario("zombie_scheduler", _zombie_scheduler.__doc__ or "", (8, 12), _zombie_scheduler,
+                 env={**_STORM_ENV, "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15"}, capacity=2,
+                 delay="lognormal:scale=6,sigma=0.8,cap=40", timeout=420),
+        Scenario("failover", _failover.__doc__ or "", (8, 12), _failover,
+                 env={**_STORM_ENV, "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15"}, capacity=2,
+                 delay="lognormal:scale=6,sigma=0.8,cap=40", timeout=420),
         Scenario("watch_gap", _watch_gap.__doc__ or "", (6, 12), _watch_gap, env=_STORM_ENV, capacity=3,
                  delay="lognormal:scale=3,sigma=0.8,cap=30"),
         Scenario("flaky_api", _flaky_api.__doc__ or "", (4, 10), _flaky_api,
+                 delay="lognormal:scale=15,sigma=0.3,cap=40",  # the retry comes while the TI is still queued
                  env={"AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS": '{"_request_timeout": [5, 5]}',
                       "AIRFLOW__KUBERNETES_EXECUTOR__TASK_PUBLISH_MAX_RETRIES": "-1"}),
     )
