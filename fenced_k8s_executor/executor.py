@@ -41,7 +41,6 @@ log = logging.getLogger("fenced_k8s_executor")
 LAUNCH_MEMORY = 20_000
 
 
-
 class _SharedModelConfiguration(Configuration):
     """One read-only client configuration for the fence's pod override models.
 

@@ -81,10 +81,6 @@ class Sweeper:
         self._thread.start()
         return True
 
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-
     def run_once(self) -> SweepReport:
         report = SweepReport()
         start = time.monotonic()

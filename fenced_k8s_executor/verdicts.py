@@ -59,10 +59,6 @@ class Verdict:
     stock: bool
     reason: Reason
 
-    @property
-    def disagrees(self) -> bool:
-        return self.act != self.stock
-
 
 def _reason(s: Standing) -> Reason:
     return {
