@@ -1,9 +1,36 @@
 """Real parts shared by every test directory: one embedded PostgreSQL server started from the
-cached migrated template, and one Kubernetes API emulator, reset per test."""
+cached migrated template, one Kubernetes API emulator (reset per test), and -- when envtest
+assets are installed -- one real kube-apiserver v1.36.2 + etcd for the session.
+
+`kube_backend` (session, parametrized "emulator" | "real") is the Kubernetes API a test runs
+against. Both backends share this interface:
+
+    backend.name                      # "emulator" | "real"
+    backend.url                       # http://127.0.0.1:N (emulator) | https://127.0.0.1:N (real)
+    backend.write_kubeconfig(path, token="scheduler-1", namespace="default") -> path
+    backend.set_tokens({"scheduler-1": "scheduler-1"})   # real: no-op (token == user name,
+                                      #   pre-provisioned: test, kubelet, conformance, lab, admin,
+                                      #   kubelet-lab-node, scheduler-1..scheduler-200, ...)
+    backend.ensure_namespace(name)    # real apiservers need namespaces to exist
+    backend.audit(since=0)            # [{index, ts, who, verb, path, query, namespace, name,
+                                      #   resource, subresource, code}]; real: pods only, from the
+                                      #   audit log (entries appear when the response completes)
+    backend.reset()                   # emulator: drop everything; real: delete all non-system
+                                      #   pods at once and restart the audit view at index 0
+    backend.supports_faults           # True only for the emulator:
+    backend.add_fault(...) / clear_faults() / compact() / close_watches()   # (real: clear_faults
+                                      #   is a no-op, the others raise NotImplementedError)
+
+The real backend is skipped, with the reason, when no assets are found: KUBEBUILDER_ASSETS (or,
+when unset, ~/.cache/fenced-envtest/1.36.2) must hold executable `etcd` and `kube-apiserver`
+(`export KUBEBUILDER_ASSETS=$(bash ../shared/envtest/install.sh)`).
+"""
 
 from __future__ import annotations
 
 import pytest
+
+KUBE_BACKENDS = ["emulator", "real"]
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +59,39 @@ def emulator(emulator_session):
     emulator_session.reset()
     yield emulator_session
     emulator_session.clear_faults()
+
+
+@pytest.fixture(scope="session")
+def envtest_session():
+    """A real kube-apiserver v1.36.2 + etcd for the session (skips when the assets are absent)."""
+    from fenced_k8s_executor.lab.controlplane import ControlPlane, find_assets
+
+    assets, why = find_assets()
+    if assets is None:
+        pytest.skip(why)
+    plane = ControlPlane(assets).start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session", params=KUBE_BACKENDS)
+def kube_backend(request):
+    """The Kubernetes API for this session: the emulator, or the real kube-apiserver (see module doc)."""
+    return request.getfixturevalue("emulator_session" if request.param == "emulator" else "envtest_session")
+
+
+@pytest.fixture
+def kube(kube_backend):
+    """`kube_backend`, reset for this test (faults cleared at teardown)."""
+    kube_backend.reset()
+    yield kube_backend
+    kube_backend.clear_faults()
+
+
+@pytest.fixture
+def needs_faults(kube_backend):
+    """Skip on a backend without on-demand faults, compaction and watch closing (the real apiserver)."""
+    if not kube_backend.supports_faults:
+        pytest.skip("needs emulator-only controls (faults, compaction, close_watches); the real apiserver has none")

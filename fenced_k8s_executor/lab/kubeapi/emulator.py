@@ -103,7 +103,13 @@ class Emulator(_Controls):
     >>> url = emu.start()            # "http://127.0.0.1:<free port>"
     >>> emu.write_kubeconfig("/tmp/kc", token="tok-a")
     >>> emu.stop()
+
+    `name`, `supports_faults` and `ensure_namespace` make it one of the `kube_backend`s (tests/conftest.py)
+    next to the real kube-apiserver (`lab.controlplane.ControlPlane`, name "real").
     """
+
+    name = "emulator"
+    supports_faults = True
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, history_size: int = 1000,
                  tokens: dict[str, str] | None = None, bookmark_interval: float = 60.0,
@@ -191,6 +197,17 @@ class Emulator(_Controls):
 
     def pod(self, namespace: str, name: str) -> dict | None:
         return copy.deepcopy(self._call(self.state.store.get, "pods", namespace, name))
+
+    def ensure_namespace(self, name: str) -> None:
+        """Create namespace `name` unless it exists (pods need it only with implicit_namespaces=False)."""
+        from .objects import prepare_namespace
+
+        def make() -> None:
+            if self.state.store.get("namespaces", "", name) is None:
+                body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+                self.state.store.write("namespaces", prepare_namespace(body, lambda n: False), None)
+
+        self._call(make)
 
     def write_kubeconfig(self, path: str, token: str | None = None, namespace: str = "default") -> str:
         from ..kubeconfig import write_kubeconfig
