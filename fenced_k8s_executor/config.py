@@ -7,6 +7,8 @@ silently falling back: a fence that is quietly off is worse than a scheduler tha
 from __future__ import annotations
 
 import enum
+import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,7 +35,13 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "launch_claim": ("True", "Mint the launch token into the workload JWT as an extra claim."),
     "worker_entrypoint": (
         "True",
-        "Start pods through fenced_k8s_executor.worker, which exits 0 on a stale launch.",
+        "Start pods through fenced_k8s_executor.worker, which exits 0 on a stale launch; an image"
+        " without the package falls back to the stock Task SDK entrypoint.",
+    ),
+    "deployment_id": (
+        "",
+        "Names this Airflow deployment on its pods; fences delete only pods stamped with it. Empty:"
+        " derived from the metadata DB address (dialect, host, port, database; no credentials).",
     ),
     "run_gate": (
         "True",
@@ -53,6 +61,7 @@ class FencedConfig:
     launch_claim: bool = True
     worker_entrypoint: bool = True
     run_gate: bool = True
+    deployment_id: str = ""
 
     @property
     def enforcing(self) -> bool:
@@ -89,6 +98,31 @@ def _parse_number(option: str, raw: str, kind: Callable[[str], Any], low: float,
     return value
 
 
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def _parse_deployment_id(raw: str) -> str:
+    text = raw.strip()
+    if text and not _LABEL_VALUE.match(text):
+        raise _fail("deployment_id", raw, "empty, or a Kubernetes label value (1-63 of [A-Za-z0-9-_.], alphanumeric ends)")
+    return text
+
+
+def derive_deployment_id(sql_alchemy_conn: str) -> str:
+    """A stable id for one metadata DB: a hash of its address without credentials.
+
+    Every scheduler of one deployment uses the same DB address; two deployments cannot share
+    one metadata DB. If the address changes (a migration), older pods merely stop being
+    recognised as ours: they are then never deleted by a fence, the safe direction.
+    """
+    from sqlalchemy.engine import make_url
+
+    url = make_url(sql_alchemy_conn)
+    backend = url.get_backend_name()
+    address = f"{backend}|{(url.host or '').lower()}|{url.port or ''}|{url.database or ''}"
+    return "db-" + hashlib.sha256(address.encode()).hexdigest()[:16]
+
+
 def parse(raw: dict[str, str]) -> FencedConfig:
     """Build a FencedConfig from raw option strings (missing options take their defaults)."""
     unknown = set(raw) - set(OPTIONS)
@@ -109,6 +143,7 @@ def parse(raw: dict[str, str]) -> FencedConfig:
         launch_claim=_parse_bool("launch_claim", value["launch_claim"]),
         worker_entrypoint=_parse_bool("worker_entrypoint", value["worker_entrypoint"]),
         run_gate=_parse_bool("run_gate", value["run_gate"]),
+        deployment_id=_parse_deployment_id(value["deployment_id"]),
     )
 
 

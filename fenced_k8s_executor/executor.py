@@ -9,8 +9,7 @@ otherwise hands over to ``super()``.
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict, deque
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import Configuration
@@ -21,11 +20,12 @@ from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import Kube
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 
 from fenced_k8s_executor import compat, config, metrics, pods, verdicts
-from fenced_k8s_executor.fences.common import QUEUED, workload_of
+from fenced_k8s_executor.fences.common import FAILED, QUEUED, workload_of
 from fenced_k8s_executor.fences.creation import CreationFence
 from fenced_k8s_executor.fences.events import EventFence
 from fenced_k8s_executor.fences.handover import HandoverFence
 from fenced_k8s_executor.launch import LaunchIdentity, as_token, pod_name
+from fenced_k8s_executor.launches import LaunchBook
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import TOKEN_LABEL
 from fenced_k8s_executor.sweep import Sweeper
@@ -34,11 +34,6 @@ if TYPE_CHECKING:
     from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesJob
 
 log = logging.getLogger("fenced_k8s_executor")
-
-#: How many pod identities to remember (hours of churn; an entry is a few hundred bytes). Pods
-#: keep resolving after they finished or were fenced out: their late DELETED/"adopted" events
-#: must be judged too, without a pod read that would find nothing.
-LAUNCH_MEMORY = 20_000
 
 
 class _SharedModelConfiguration(Configuration):
@@ -66,21 +61,22 @@ class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, Kuberne
         # No I/O here: the api-server builds executors only to read logs. Options are
         # validated in start(), where a bad value must stop the scheduler.
         self.fence: config.FencedConfig | None = None
+        self.deployment: str | None = None
         self.sweeper: Sweeper | None = None
-        # pod name -> launch, for pods created, adopted, read or fenced out here (bounded LRU)
-        self._launches: OrderedDict[str, LaunchIdentity] = OrderedDict()
-        self._launches_lock = threading.Lock()  # the sweep thread records here too
+        self.book = LaunchBook()  # every launch this scheduler has in flight, and its pods
+        # Per-loop scratch of the creation and state-change fences (never across loops).
         self._carry: deque[KubernetesJob] = deque()  # fenced batch jobs not reached this loop
         self._precreate: dict[int, tuple[LaunchIdentity, verdicts.Verdict]] = {}
         self._publish_failed: set[int] = set()
-        self._unverified: list[tuple[KubernetesJob, LaunchIdentity]] = []  # created, awaiting re-check
         self._state_verdicts: dict[int, tuple[LaunchIdentity | None, verdicts.Verdict, Any]] = {}
+        self._reconciled = False
         self._adopting: dict = {}  # key -> TI, during try_adopt_task_instances
 
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
         self.fence = config.load(self.conf)
+        self.deployment = self.fence.deployment_id or config.derive_deployment_id(self._metadata_db_url())
         super().start()
         if self.fence.fencing and self.fence.sweep_interval > 0:
             self.sweeper = Sweeper(
@@ -89,11 +85,18 @@ class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, Kuberne
                 interval=self.fence.sweep_interval,
                 page_size=self.fence.sweep_page_size,
                 enforcing=self.fence.enforcing,
+                deployment=self.deployment,
                 request_args=self.kube_config.kube_client_request_args,
-                on_stale=lambda ref: self._remember(ref.name, ref.launch),
+                on_stale=lambda ref: self.book.remember(ref.name, ref.launch),
             )
-        log.info("fenced_k8s_executor started mode=%s sweep_interval=%s", self.fence.mode.value,
-                 self.fence.sweep_interval)
+        log.info("fenced_k8s_executor started mode=%s sweep_interval=%s deployment=%s", self.fence.mode.value,
+                 self.fence.sweep_interval, self.deployment)
+
+    @staticmethod
+    def _metadata_db_url() -> str:
+        from airflow.configuration import conf
+
+        return conf.get("database", "sql_alchemy_conn")
 
     def end(self) -> None:
         if self.task_queue is not None:
@@ -130,6 +133,11 @@ class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, Kuberne
             token=as_token(ti.external_executor_id),
             try_number=int(ti.try_number),
             scheduler_job_id=self.scheduler_job_id,
+            dag_id=ti.dag_id,
+            task_id=ti.task_id,
+            run_id=ti.run_id,
+            map_index=int(ti.map_index if ti.map_index is not None else -1),
+            deployment=self.deployment,
         )
 
     def _launch_of_job(self, job: KubernetesJob | None) -> LaunchIdentity | None:
@@ -143,13 +151,15 @@ class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, Kuberne
         return name, namespace
 
     def _fence_pod(self, workload: Any, launch: LaunchIdentity, attempt: int) -> k8s.V1Pod:
-        """The pod override carrying the launch identity (and, when enforcing, name and entrypoint)."""
+        """The pod override carrying the launch identity and its deterministic name (and, when
+        enforcing, the worker entrypoint). Audit names pods the same way so that it resolves
+        events from memory exactly as enforce does."""
         shared = {"local_vars_configuration": _MODEL_CONFIG}
         meta = k8s.V1ObjectMeta(annotations=launch.annotations(), labels=launch.labels(), **shared)
         pod = k8s.V1Pod(metadata=meta, **shared)
-        if self._enforcing and launch.token:
+        if launch.token:
             meta.name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token, attempt)
-            if self.fence.worker_entrypoint:
+            if self._enforcing and self.fence.worker_entrypoint:
                 from fenced_k8s_executor import worker
 
                 container = k8s.V1Container(name="base", args=worker.command_args(workload), **shared)
@@ -179,17 +189,14 @@ class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, Kuberne
         fence_pod = self._fence_pod(workload, launch, attempt=0)
         merged = PodGenerator.reconcile_pods(user_pod, fence_pod) if user_pod is not None else fence_pod
         super().execute_async(key, command, queue, {**(executor_config or {}), "pod_override": merged})
-        # Report the token, never the job id: the scheduler writes QUEUED/RUNNING info into
-        # external_executor_id, which would erase the token the fences compare with (b5).
-        if launch.token and self.event_buffer.get(key) == (QUEUED, self.scheduler_job_id):
-            self.event_buffer[key] = (QUEUED, launch.token)
-
-    def _remember(self, name: str, launch: LaunchIdentity) -> None:
-        with self._launches_lock:
-            self._launches[name] = launch
-            self._launches.move_to_end(name)
-            while len(self._launches) > LAUNCH_MEMORY:
-                self._launches.popitem(last=False)
+        if key in self.running:
+            self.book.queued(key, launch)  # legacy launches too: their slot is theirs alone
+        if launch.token:
+            # No token info at all: the scheduler writes QUEUED/RUNNING info into
+            # external_executor_id by task, so a late event would overwrite a newer launch's
+            # token (b5). The scheduler's own pre-assigned value is the token.
+            if self.event_buffer.get(key) == (QUEUED, self.scheduler_job_id):
+                self.event_buffer.pop(key, None)
 
     def _prime_launches(self) -> None:
         """Learn the identity of every pod this scheduler watches with metadata-only list pages,
@@ -198,21 +205,25 @@ class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, Kuberne
         for namespace in self._namespaces():
             for page in pods.list_pages(self.kube_client, namespace, label_selector=selector,
                                         request_args=self.kube_config.kube_client_request_args):
-                for ref in page:
-                    if ref.launch is not None:
-                        self._remember(ref.name, ref.launch)
+                self.book.remember_all((ref.name, ref.launch) for ref in page if ref.launch is not None)
 
     def _launch_of_pod(self, name: str, namespace: str) -> LaunchIdentity | None:
-        with self._launches_lock:
-            launch = self._launches.get(name)
+        launch = self.book.launch_of(name)
         if launch is None:
             ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
             launch = ref.launch if ref is not None else None
             if launch is not None:
-                self._remember(name, launch)
+                self.book.remember(name, launch)
         return launch
 
-    # ---------------------------------------------------------------- shared action
+    # ---------------------------------------------------------------- shared actions
+
+    def _release(self, key: Any, launch: LaunchIdentity | None) -> None:
+        """Free what the stock path frees for a finished launch, unless a newer launch of the
+        same key holds the slot here."""
+        if self.book.release(key, launch):
+            self.pod_launch_attempts.pop(key, None)
+            self.running.discard(key)
 
     def _delete_launch_pod(
         self,
@@ -222,18 +233,27 @@ class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, Kuberne
         path: str,
         verdict: verdicts.Verdict,
         row: Any,
-    ) -> bool:
-        """Delete the pod of a stale launch: re-read it so the uid precondition names the very
-        object whose annotations carry that launch's token."""
+    ) -> bool | None:
+        """Delete the pod of a stale launch if this deployment launched it; re-read it so the uid
+        precondition names the very object whose annotations carry that launch's token.
+
+        True: deleted (or already gone); False: left alone (not ours, another launch's object,
+        already terminating); None: could not tell (API error), try again later.
+        """
         try:
             ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
         except Exception as error:
             log.warning("fenced_k8s_executor could not read pod %s/%s: %r", namespace, name, error)
+            return None
+        if ref is None:
+            return True
+        if ref.deleting or ref.launch is None or ref.launch.token != launch.token:
             return False
-        if ref is None or ref.deleting or ref.launch is None or ref.launch.token != launch.token:
+        if not verdicts.owned(ref.launch, self.deployment):
             return False
         deleted = pods.delete(self.kube_client, ref, self.kube_config.kube_client_request_args)
         if deleted:
+            self.book.fenced(name)
             metrics.decision(
                 "pod.deleted",
                 path=path,
@@ -245,6 +265,18 @@ class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, Kuberne
                 current=short(row.token if row is not None else None),
             )
         return deleted
+
+    def _retire_finished_pod(self, name: str, namespace: str, launch: LaunchIdentity, state: Any) -> None:
+        """A finished pod of a stale launch: clean it up exactly as the stock executor would
+        (``delete_worker_pods`` / ``delete_worker_pods_on_failure``), if this deployment owns it."""
+        if not verdicts.owned(launch, self.deployment):
+            return
+        if self.kube_config.delete_worker_pods:
+            if state != FAILED or self.kube_config.delete_worker_pods_on_failure:
+                verdict = verdicts.Verdict(True, False, verdicts.Reason.SUPERSEDED)
+                self._delete_launch_pod(name, namespace, launch, "finished", verdict, None)
+        else:
+            self.kube_scheduler.patch_pod_executor_done(pod_name=name, namespace=namespace)
 
 
 compat.check(FencedKubernetesExecutor, BaseExecutor)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from fenced_k8s_executor.names import (
+    DEPLOYMENT_ANNOTATION,
+    DEPLOYMENT_LABEL,
     SCHEDULER_JOB_ANNOTATION,
     TI_ID_ANNOTATION,
     TOKEN_ANNOTATION,
@@ -35,18 +37,36 @@ def as_token(value: object) -> str | None:
         return None
 
 
+#: A task, independent of its row id and try: (dag_id, task_id, run_id, map_index). The row for a
+#: task keeps this key across clears and retries, which give it a new id.
+TaskKey = tuple  # tuple[str, str, str, int]
+
+
 @dataclass(frozen=True)
 class LaunchIdentity:
-    """One launch: the TI row id, its launch token, the try and the scheduler that launched it."""
+    """One launch: the TI row id, its launch token, the try and the scheduler that launched it,
+    the task it belongs to and the deployment (metadata DB) that launched it."""
 
     ti_id: str
     token: str | None
     try_number: int
     scheduler_job_id: str | None = None
+    dag_id: str | None = None
+    task_id: str | None = None
+    run_id: str | None = None
+    map_index: int = -1
+    deployment: str | None = None
 
     @property
     def legacy(self) -> bool:
         return as_token(self.token) is None
+
+    @property
+    def task(self) -> TaskKey | None:
+        """The task this launch is for, or None when the pod does not say (legacy pods)."""
+        if not (self.dag_id and self.task_id and self.run_id):
+            return None
+        return (self.dag_id, self.task_id, self.run_id, int(self.map_index))
 
     def annotations(self) -> dict[str, str]:
         data = {TI_ID_ANNOTATION: self.ti_id, TRY_NUMBER_ANNOTATION: str(self.try_number)}
@@ -54,45 +74,71 @@ class LaunchIdentity:
             data[TOKEN_ANNOTATION] = self.token
         if self.scheduler_job_id is not None:
             data[SCHEDULER_JOB_ANNOTATION] = str(self.scheduler_job_id)
+        if self.deployment:
+            data[DEPLOYMENT_ANNOTATION] = self.deployment
         return data
 
     def labels(self) -> dict[str, str]:
         labels = {TI_ID_LABEL: self.ti_id}
         if self.token:
             labels[TOKEN_LABEL] = self.token
+        if self.deployment:
+            labels[DEPLOYMENT_LABEL] = self.deployment
         return labels
 
 
 @dataclass(frozen=True)
 class TaskRow:
-    """What the metadata DB says about a task instance id right now."""
+    """What the metadata DB says about a task right now (its one row, whatever its current id)."""
 
     ti_id: str
     state: str | None
     try_number: int
     queued_by_job_id: int | None
     external_executor_id: str | None
+    dag_id: str | None = None
+    task_id: str | None = None
+    run_id: str | None = None
+    map_index: int = -1
 
     @property
     def token(self) -> str | None:
         return as_token(self.external_executor_id)
 
+    @property
+    def task(self) -> TaskKey | None:
+        if not (self.dag_id and self.task_id and self.run_id):
+            return None
+        return (self.dag_id, self.task_id, self.run_id, int(self.map_index))
+
+
+def _int(value: object, default: int) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return default
+
 
 def from_pod_metadata(annotations: Mapping[str, str] | None) -> LaunchIdentity | None:
-    """The launch identity a pod carries, or None for a pod without our annotations (legacy)."""
+    """The launch identity a pod carries, or None for a pod without our annotations (legacy).
+
+    The task coordinates come from the provider's own annotations (dag_id, task_id, run_id,
+    map_index), which every executor pod carries.
+    """
     annotations = annotations or {}
     ti_id = annotations.get(TI_ID_ANNOTATION)
     if not ti_id:
         return None
-    try:
-        try_number = int(annotations.get(TRY_NUMBER_ANNOTATION, "0"))
-    except ValueError:
-        try_number = 0
     return LaunchIdentity(
         ti_id=str(ti_id),
         token=as_token(annotations.get(TOKEN_ANNOTATION)),
-        try_number=try_number,
+        try_number=_int(annotations.get(TRY_NUMBER_ANNOTATION), 0),
         scheduler_job_id=annotations.get(SCHEDULER_JOB_ANNOTATION),
+        dag_id=annotations.get("dag_id"),
+        task_id=annotations.get("task_id"),
+        run_id=annotations.get("run_id"),
+        map_index=_int(annotations.get("map_index"), -1),
+        deployment=annotations.get(DEPLOYMENT_ANNOTATION) or None,
     )
 
 

@@ -21,6 +21,9 @@ TRY_NUMBER_ANNOTATION = _PREFIX + "try-number"
 SCHEDULER_JOB_ANNOTATION = _PREFIX + "scheduler-job-id"
 TOKEN_LABEL = _PREFIX + "launch-token"
 TI_ID_LABEL = _PREFIX + "ti-id"
+#: Which Airflow deployment (metadata DB) launched the pod: the fences only ever delete their own.
+DEPLOYMENT_ANNOTATION = _PREFIX + "deployment"
+DEPLOYMENT_LABEL = _PREFIX + "deployment"
 
 #: Extra claim minted into the workload JWT (the launch gate).
 LAUNCH_CLAIM = "fenced_launch"

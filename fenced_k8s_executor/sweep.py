@@ -1,9 +1,11 @@
-"""The periodic reconcile loop: find pods of superseded launches that no event will ever report.
+"""The backstop sweep: find unfinished pods of superseded launches that no live scheduler
+re-checks (a dead scheduler's, or those left by a restart; each scheduler re-checks its own
+in-flight launches every loop).
 
-Level-triggered and idempotent: list executor pods that carry a launch token (metadata only,
-page by page), read their rows in one query per page, delete the stale ones. It runs in a
-background thread so the scheduler loop never waits on it, and a PostgreSQL advisory lock makes
-schedulers take turns instead of all sweeping the same pods at once.
+Level-triggered and idempotent: list this deployment's executor pods that carry a launch token
+(metadata only, page by page), read their tasks' rows in one query per page, delete the stale
+ones. It runs in a background thread so the scheduler loop never waits on it, and a PostgreSQL
+advisory lock makes schedulers take turns instead of all sweeping the same pods at once.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from typing import Any, Callable, Iterable
 
 from fenced_k8s_executor import ledger, metrics, pods, verdicts
 from fenced_k8s_executor.metrics import short
-from fenced_k8s_executor.names import TOKEN_LABEL
+from fenced_k8s_executor.names import DEPLOYMENT_LABEL, TOKEN_LABEL
 
 log = logging.getLogger("fenced_k8s_executor")
 
-#: Label selector of the pods a sweep may look at: executor pods with a launch token. Legacy
-#: pods (no token label) are never listed, so never touched.
+#: Label selector of the pods a sweep may look at: this deployment's executor pods with a launch
+#: token. Legacy pods (no token label) and other deployments' pods are never listed, so never touched.
 SWEEP_LABEL_SELECTOR = f"kubernetes_executor=True,{TOKEN_LABEL}"
+
+
+def label_selector(deployment: str) -> str:
+    return f"{SWEEP_LABEL_SELECTOR},{DEPLOYMENT_LABEL}={deployment}"
 #: Finished pods are the watcher's business (and cost nothing to keep).
 SWEEP_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 #: Advisory lock id shared by every scheduler of one metadata DB ("fencedk8" in ASCII).
@@ -52,6 +58,7 @@ class Sweeper:
         interval: float,
         page_size: int,
         enforcing: bool,
+        deployment: str,
         request_args: dict | None = None,
         read_rows: Callable = ledger.read_rows,
         lock: Callable[[], Any] | None = None,
@@ -62,6 +69,7 @@ class Sweeper:
         self.interval = interval
         self.page_size = page_size
         self.enforcing = enforcing
+        self.deployment = deployment
         self.request_args = request_args or {}
         self._read_rows = read_rows
         self._lock = lock if lock is not None else advisory_lock
@@ -104,7 +112,7 @@ class Sweeper:
         for page in pods.list_pages(
             self.kube_client,
             namespace,
-            label_selector=SWEEP_LABEL_SELECTOR,
+            label_selector=label_selector(self.deployment),
             field_selector=SWEEP_FIELD_SELECTOR,
             page_size=self.page_size,
             request_args=self.request_args,
@@ -114,11 +122,11 @@ class Sweeper:
             report.pods_seen += len(page)
             if not candidates:
                 continue
-            rows = self._read_rows(ref.launch.ti_id for ref in candidates)
+            rows = self._read_rows(ref.launch.task for ref in candidates)
             report.db_queries += 1
             for ref in candidates:
-                row = rows.get(ref.launch.ti_id)
-                verdict = verdicts.should_delete(ref.launch, row)
+                row = rows.get(ref.launch.task)
+                verdict = verdicts.should_delete(ref.launch, row, self.deployment)
                 if not verdict.act:
                     continue
                 report.stale += 1

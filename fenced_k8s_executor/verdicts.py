@@ -1,10 +1,13 @@
 """The fencing decisions, as pure functions over plain values.
 
 One question underlies every path: *is this launch still the current one?* ``standing`` answers
-it from the launch identity and the DB row; each path then maps the answer to an action. Only
-positive evidence (the row names another token, or the TI id no longer exists) makes a launch
-stale. Legacy launches (no token) and legacy rows (no token to compare) are never fenced: they
-get exactly the stock executor's treatment. Tables: docs/design.md.
+it from the launch identity and the row of its task (found by dag, task, run and map index, so a
+clear or a retry that gives the row a new id does not hide it). A row with the launch's token is
+the same launch whatever its id (RESTARTING after a clear, a task that reported its own retry).
+Only positive evidence makes a launch stale: the row names another token, or the task has no row
+at all. Legacy launches (no token) and legacy rows (no token to compare) are never fenced: they
+get exactly the stock executor's treatment. Deleting needs one more fact: the pod was launched by
+this deployment. Tables: docs/design.md.
 """
 
 from __future__ import annotations
@@ -18,37 +21,44 @@ QUEUED = "queued"
 
 
 class Standing(str, enum.Enum):
-    """How a launch stands against the DB row of its task instance."""
+    """How a launch stands against the current row of its task."""
 
-    CURRENT = "current"  # the row carries this launch's token
+    CURRENT = "current"  # the row carries this launch's token (whatever its id)
     SUPERSEDED = "superseded"  # the row carries another token: positive evidence
-    TI_GONE = "ti_gone"  # no row with this TI id any more: positive evidence
-    LEGACY_LAUNCH = "legacy_launch"  # the launch has no token: never fenced
+    TASK_GONE = "task_gone"  # the task has no row any more (run or DAG deleted): positive evidence
+    LEGACY_LAUNCH = "legacy_launch"  # the launch has no token (or no task coordinates): never fenced
     LEGACY_ROW = "legacy_row"  # the row has no token to compare: no evidence
 
 
-STALE = frozenset({Standing.SUPERSEDED, Standing.TI_GONE})
+STALE = frozenset({Standing.SUPERSEDED, Standing.TASK_GONE})
 
 
 def standing(launch: LaunchIdentity | None, row: TaskRow | None) -> Standing:
-    """Compare a launch with the current row for its TI id (``row`` None: the id is gone)."""
-    if launch is None or launch.legacy:
+    """Compare a launch with the current row of its task (``row`` None: the task has no row)."""
+    if launch is None or launch.legacy or launch.task is None:
         return Standing.LEGACY_LAUNCH
     if row is None:
-        return Standing.TI_GONE
+        return Standing.TASK_GONE
     if row.token is None:
         return Standing.LEGACY_ROW
     return Standing.CURRENT if row.token == as_token(launch.token) else Standing.SUPERSEDED
 
 
+def owned(launch: LaunchIdentity | None, deployment: str | None) -> bool:
+    """True when the pod says this deployment launched it: the only pods a fence may delete."""
+    return bool(launch is not None and deployment and launch.deployment == deployment)
+
+
 class Reason(str, enum.Enum):
     CURRENT = "current"
     SUPERSEDED = "superseded"
-    TI_GONE = "ti_gone"
+    TASK_GONE = "task_gone"
+    TI_ID_CHANGED = "ti_id_changed"
     NOT_QUEUED = "not_queued"
     TRY_MISMATCH = "try_mismatch"
     OTHER_SCHEDULER = "other_scheduler"
     LEGACY = "legacy"
+    FOREIGN = "foreign"  # stale, but not launched by this deployment: never deleted
 
 
 @dataclass(frozen=True)
@@ -64,21 +74,22 @@ def _reason(s: Standing) -> Reason:
     return {
         Standing.CURRENT: Reason.CURRENT,
         Standing.SUPERSEDED: Reason.SUPERSEDED,
-        Standing.TI_GONE: Reason.TI_GONE,
+        Standing.TASK_GONE: Reason.TASK_GONE,
     }.get(s, Reason.LEGACY)
 
 
 def should_create(launch: LaunchIdentity, row: TaskRow | None, scheduler_job_id: int | None) -> Verdict:
     """Pre-creation: ``act`` = create the pod.
 
-    The stock check (row exists, QUEUED, same try, queued by this scheduler) plus the token:
-    two launches of the same TI id and try differ only there (race a1).
+    The stock check (the row still has the workload's id, is QUEUED, same try, queued by this
+    scheduler) plus the token: two launches of the same TI id and try differ only there (a1).
     """
     if row is None:
-        return Verdict(False, False, Reason.TI_GONE)
-    stock = True
-    reason = Reason.CURRENT
-    if scheduler_job_id is not None:
+        return Verdict(False, False, Reason.TASK_GONE)
+    stock, reason = True, Reason.CURRENT
+    if row.ti_id != launch.ti_id:
+        stock, reason = False, Reason.TI_ID_CHANGED
+    elif scheduler_job_id is not None:
         if row.state != QUEUED:
             stock, reason = False, Reason.NOT_QUEUED
         elif row.try_number != launch.try_number:
@@ -93,30 +104,43 @@ def should_create(launch: LaunchIdentity, row: TaskRow | None, scheduler_job_id:
     return Verdict(stock, stock, reason)
 
 
-def should_delete(launch: LaunchIdentity | None, row: TaskRow | None) -> Verdict:
-    """Post-create re-check and sweep: ``act`` = delete the pod. The stock executor never does."""
+def is_stale(launch: LaunchIdentity | None, row: TaskRow | None) -> Verdict:
+    """State change (watcher or adopted completed pod): ``act`` = the event belongs to a stale
+    launch and must not reach the scheduler. Needs no ownership: swallowing deletes nothing."""
     s = standing(launch, row)
     return Verdict(s in STALE, False, _reason(s))
 
 
-def should_swallow(launch: LaunchIdentity | None, row: TaskRow | None) -> Verdict:
-    """State change (watcher or adopted completed pod): ``act`` = swallow the event and delete
-    the pod instead of letting it touch ``running``, the event buffer or the pre-execution requeue."""
-    return should_delete(launch, row)
+def should_delete(launch: LaunchIdentity | None, row: TaskRow | None, deployment: str | None) -> Verdict:
+    """Reconcile, post-create re-check and sweep: ``act`` = delete the (unfinished) pod.
+
+    Stale and launched by this deployment; the stock executor never does this.
+    """
+    verdict = is_stale(launch, row)
+    if verdict.act and not owned(launch, deployment):
+        return Verdict(False, False, Reason.FOREIGN)
+    return verdict
 
 
-def should_adopt(launch: LaunchIdentity | None, ti_id: str, ti_token: object) -> Verdict:
-    """Adoption of a dead scheduler's pod for a TI the scheduler hands over: ``act`` = adopt.
+def should_adopt(launch: LaunchIdentity | None, ti_token: object) -> Verdict:
+    """Adoption of a dead scheduler's pod for the TI the scheduler hands over: ``act`` = adopt.
 
-    The TI object is already loaded by the scheduler; its id and token are the row.
+    The TI object is the task's current row (already loaded by the scheduler), so only its token
+    matters: the same token is the same launch even under a new TI id.
     """
     if launch is None or launch.legacy:
         return Verdict(True, True, Reason.LEGACY)
-    if launch.ti_id != str(ti_id):
-        return Verdict(False, True, Reason.TI_GONE)
-    row = TaskRow(ti_id=str(ti_id), state=None, try_number=launch.try_number, queued_by_job_id=None,
-                  external_executor_id=None if ti_token is None else str(ti_token))
-    s = standing(launch, row)
-    if s is Standing.SUPERSEDED:
+    token = as_token(ti_token)
+    if token is None:
+        return Verdict(True, True, Reason.LEGACY)
+    if token != launch.token:
         return Verdict(False, True, Reason.SUPERSEDED)
-    return Verdict(True, True, _reason(s))
+    return Verdict(True, True, Reason.CURRENT)
+
+
+def releases_slot(holder: LaunchIdentity | None, launch: LaunchIdentity | None) -> bool:
+    """A swallowed event frees the executor slot of its key exactly as the stock path would,
+    unless a newer launch of the same key holds that slot on this scheduler."""
+    if holder is None or launch is None:
+        return True
+    return as_token(holder.token) == as_token(launch.token)

@@ -28,9 +28,25 @@ MODULE = "fenced_k8s_executor.worker"
 _RUN_PATH = re.compile(r"/task-instances/([^/]+)/run/?$")
 
 
+#: The pod's program: this module when the worker image has the package, else the stock Task SDK
+#: entrypoint with the same arguments. A worker image built without the package must never fail
+#: its tasks (the launch gate is then simply absent there).
+BOOTSTRAP = (
+    "import sys\n"
+    "try:\n"
+    "    from fenced_k8s_executor.worker import main\n"
+    "except ImportError as exc:\n"
+    "    print('fenced_k8s_executor not importable in this image (%s): stock entrypoint' % exc,"
+    " file=sys.stderr)\n"
+    "    from airflow.sdk.execution_time.execute_workload import main\n"
+    "sys.exit(main())\n"
+)
+
+
 def command_args(workload: Any) -> list[str]:
-    """Pod args for ``workload``: the provider's ``workload_to_command_args`` shape, our module."""
-    return ["python", "-m", MODULE, "--json-string", workload.model_dump_json()]
+    """Pod args for ``workload``: the provider's ``workload_to_command_args`` shape, started
+    through ``BOOTSTRAP`` so that an image without this package runs the stock entrypoint."""
+    return ["python", "-c", BOOTSTRAP, "--json-string", workload.model_dump_json()]
 
 
 def stale_launch(exc: BaseException) -> dict[str, str] | None:

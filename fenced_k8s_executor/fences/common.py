@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import ADOPTED
 from airflow.utils.state import TaskInstanceState
 
 QUEUED = TaskInstanceState.QUEUED
 RUNNING = TaskInstanceState.RUNNING
 FAILED = TaskInstanceState.FAILED
+
+__all__ = ["ADOPTED", "FAILED", "QUEUED", "RUNNING", "workload_of"]
 
 
 def workload_of(command: Any) -> Any:

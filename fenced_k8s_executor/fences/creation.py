@@ -12,8 +12,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
 from fenced_k8s_executor import batches, ledger, metrics, pods, verdicts
-from fenced_k8s_executor.fences.common import QUEUED
-from fenced_k8s_executor.launch import LaunchIdentity
 from fenced_k8s_executor.metrics import short
 
 if TYPE_CHECKING:
@@ -46,8 +44,9 @@ class CreationFence:
     def _fenced_creation_batch(self) -> Iterator[None]:
         """Read the whole creation batch's rows in one query, then let the provider create.
 
-        The same query re-checks the pods created in the previous loop (post-create, a2), so a
-        busy scheduler pays one round trip per loop for both checks.
+        The same query re-checks every launch this scheduler created that has not reported
+        Running yet (the in-flight reconcile, which also covers the check-then-create gap a2), so
+        a busy scheduler pays one round trip per loop for both.
         """
         if not self._fencing or self.task_queue is None:
             yield
@@ -56,31 +55,30 @@ class CreationFence:
         size = self.kube_config.worker_pods_creation_batch_size
         jobs = [self._carry.popleft() for _ in range(min(size, len(self._carry)))]
         jobs += batches.drain(real, size - len(jobs))
-        unverified, self._unverified = self._unverified, []
-        if not jobs and not unverified:
+        pending = self.book.pending()
+        if not jobs and not pending:
             yield
             return
         launches = {id(job): self._launch_of_job(job) for job in jobs}
-        ti_ids = {launch.ti_id for launch in launches.values() if launch is not None}
-        ti_ids |= {launch.ti_id for _, launch in unverified}
+        tasks = {launch.task for launch in launches.values() if launch is not None}
+        tasks |= {p.launch.task for p in pending}
         try:
             with metrics.timed("fence_check.duration", path="pre_create"):
-                rows = ledger.read_rows(ti_ids)
+                rows = ledger.read_rows(tasks)
         except Exception as error:
             # No evidence either way: create nothing and drop nothing this loop.
             log.warning("fenced_k8s_executor pre-create check failed, retrying next loop: %r", error)
             metrics.incr("fence_check.error", {"path": "pre_create"})
             self._carry.extendleft(reversed(jobs))
-            self._unverified = unverified + self._unverified
             jobs = []
             rows = None
         if rows is not None:
-            self._recheck_created(unverified, rows)
+            self._reconcile(pending, rows)
             scheduler_job_id = self._scheduler_job_int()
             for job in jobs:
                 launch = launches[id(job)]
                 if launch is not None:
-                    verdict = verdicts.should_create(launch, rows.get(launch.ti_id), scheduler_job_id)
+                    verdict = verdicts.should_create(launch, rows.get(launch.task), scheduler_job_id)
                     self._precreate[id(job)] = (launch, verdict)
         adapter = batches.BatchQueue(real, jobs)
         self.task_queue = adapter
@@ -99,13 +97,48 @@ class CreationFence:
                 continue
             launch, verdict = entry
             if verdict.act or (not self._enforcing and verdict.stock):
-                self._unverified.append((job, launch))
-                name, _ = self._pod_location(job)
+                name, namespace = self._pod_location(job)
                 if name:
-                    self._remember(name, launch)
+                    self.book.created(job.key, name, namespace, launch)
                 metrics.incr("launch.created", {"reason": verdict.reason.value})
         self._precreate.clear()
         self._publish_failed = set()
+
+    def _reconcile_in_flight(self) -> None:
+        """The in-flight reconcile when no creation batch read the rows this loop: at most one
+        query, and none when every launch of this scheduler has reported Running."""
+        pending = self.book.pending()
+        if not pending:
+            return
+        try:
+            with metrics.timed("fence_check.duration", path="reconcile"):
+                rows = ledger.read_rows(p.launch.task for p in pending)
+        except Exception as error:
+            log.warning("fenced_k8s_executor in-flight reconcile failed, retrying next loop: %r", error)
+            metrics.incr("fence_check.error", {"path": "reconcile"})
+            return
+        self._reconcile(pending, rows)
+
+    def _reconcile(self, pending: list, rows: dict) -> None:
+        """Delete the pods of launches superseded since they were created (a2, and any clear,
+        peer re-queue or revoke while a pod is Pending), and free their slots."""
+        self._reconciled = True
+        for p in pending:
+            row = rows.get(p.launch.task)
+            verdict = verdicts.should_delete(p.launch, row, self.deployment)
+            if not verdict.act:
+                continue
+            if not self._enforcing:
+                metrics.decision("pod.stale", path="reconcile", reason=verdict.reason.value, enforced=False,
+                                 pod=f"{p.namespace}/{p.name}", ti=p.launch.ti_id, launch=short(p.launch.token),
+                                 current=short(row.token if row else None))
+                self.book.observed(p.name)  # reported once; the stock executor carries on
+                continue
+            settled = self._delete_launch_pod(p.name, p.namespace, p.launch, "reconcile", verdict, row)
+            if settled is None:
+                continue  # API error: no evidence the pod is gone, re-check next loop
+            self.book.fenced(p.name)
+            self._release(p.key, p.launch)
 
     def _should_create_pod_for_job(self, task: KubernetesJob) -> bool:
         entry = self._precreate.get(id(task))
@@ -128,12 +161,10 @@ class CreationFence:
     def _discard_stale_pod_creation_task(self, task: KubernetesJob) -> None:
         if self._enforcing:
             launch = self._launch_of_job(task)
-            attempt = self.pod_launch_attempts.get(task.key)
-            newest = self._launch_of_job(attempt.job) if attempt is not None else None
-            if launch is not None and newest is not None and newest.token != launch.token:
+            if launch is not None and not self.book.holds(task.key, launch):
                 return  # a newer launch of the same key owns `running` and the event buffer
-            if launch is not None and launch.token and self.event_buffer.get(task.key) == (QUEUED, launch.token):
-                self.event_buffer.pop(task.key, None)
+            if launch is not None:
+                self.book.release(task.key, launch)
         super()._discard_stale_pod_creation_task(task)
 
     def _handle_pod_publish_error(self, task: KubernetesJob, e: Exception) -> bool:
@@ -171,19 +202,3 @@ class CreationFence:
         if ref is None:  # gone again since the 409: create it on the next loop
             return None
         return ref.launch is not None and ref.launch.token == launch.token
-
-    def _recheck_created(self, created: list[tuple[KubernetesJob, LaunchIdentity]], rows: dict) -> None:
-        """Post-create re-check: delete pods whose launch went stale between check and create (a2)."""
-        for job, launch in created:
-            row = rows.get(launch.ti_id)
-            verdict = verdicts.should_delete(launch, row)
-            if not verdict.act:
-                continue
-            name, namespace = self._pod_location(job)
-            if self._enforcing and name:
-                self._delete_launch_pod(name, namespace, launch, "post_create", verdict, row)
-            else:
-                # audit, or a pod renamed by a mutation hook: reported here, the sweep finds it
-                metrics.decision("pod.stale", path="post_create", reason=verdict.reason.value,
-                                 enforced=self._enforcing,
-                                 ti=launch.ti_id, launch=short(launch.token), current=short(row.token if row else None))

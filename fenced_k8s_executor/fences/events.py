@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fenced_k8s_executor import batches, ledger, metrics, verdicts
-from fenced_k8s_executor.fences.common import FAILED, RUNNING, workload_of
+from fenced_k8s_executor.fences.common import ADOPTED, FAILED, RUNNING, workload_of
 from fenced_k8s_executor.launch import pod_name
 from fenced_k8s_executor.metrics import short
 
@@ -25,7 +25,7 @@ PRIME_AFTER_MISSES = 8
 
 
 class EventFence:
-    """Judge pod events by their launch token; swallow and delete the stale ones."""
+    """Judge pod events by their launch token; swallow the stale ones, free their slots."""
 
     def sync(self) -> None:
         if not self._fencing or self.result_queue is None:
@@ -34,30 +34,33 @@ class EventFence:
             self.sweeper.maybe_start()
         real = self.result_queue
         self.result_queue = batches.LazyBatchQueue(real, self._prefetch_state_verdicts)
+        self._reconciled = False
         try:
             super().sync()
         finally:
             self.result_queue = real
             self._state_verdicts.clear()
+        if not self._reconciled:  # no creation batch read the rows this loop
+            self._reconcile_in_flight()
+        self.book.prune(self.running)
 
     def _prefetch_state_verdicts(self, batch: list[KubernetesResults]) -> None:
         """One DB read for every watcher result of this sync (pods resolved from memory first)."""
         try:
-            with self._launches_lock:
-                misses = sum(1 for result in batch if result.pod_name not in self._launches)
+            misses = sum(1 for result in batch if not self.book.knows(result.pod_name))
             if misses > PRIME_AFTER_MISSES:  # a watcher relist after a restart or a 410
                 self._prime_launches()
             launches = {id(result): self._launch_of_pod(result.pod_name, result.namespace) for result in batch}
-            ti_ids = {launch.ti_id for launch in launches.values() if launch is not None and not launch.legacy}
+            tasks = {launch.task for launch in launches.values() if launch is not None and not launch.legacy}
             with metrics.timed("fence_check.duration", path="state_change"):
-                rows = ledger.read_rows(ti_ids)
+                rows = ledger.read_rows(tasks)
         except Exception as error:  # each result is then checked (and retried) on its own
             log.warning("fenced_k8s_executor state-change prefetch failed: %r", error)
             return
         for result in batch:
             launch = launches[id(result)]
-            row = rows.get(launch.ti_id) if launch is not None else None
-            self._state_verdicts[id(result)] = (launch, verdicts.should_swallow(launch, row), row)
+            row = rows.get(launch.task) if launch is not None else None
+            self._state_verdicts[id(result)] = (launch, verdicts.is_stale(launch, row), row)
 
     def _change_state(self, results: KubernetesResults, **kwargs: Any) -> None:
         if not self._fencing:
@@ -66,10 +69,11 @@ class EventFence:
         if entry is None:  # raises on a DB or API error: the provider re-queues the result
             launch = self._launch_of_pod(results.pod_name, results.namespace)
             row = None
-            if launch is not None and not launch.legacy:
-                row = ledger.read_rows([launch.ti_id]).get(launch.ti_id)
-            entry = (launch, verdicts.should_swallow(launch, row), row)
+            if launch is not None and not launch.legacy and launch.task is not None:
+                row = ledger.read_rows([launch.task]).get(launch.task)
+            entry = (launch, verdicts.is_stale(launch, row), row)
         launch, verdict, row = entry
+        self.book.observed(results.pod_name)
         if verdict.act:
             metrics.decision(
                 "event.swallowed",
@@ -83,17 +87,26 @@ class EventFence:
                 current=short(row.token if row else None),
             )
             if self._enforcing:
-                self._delete_launch_pod(results.pod_name, results.namespace, launch, "state_change", verdict, row)
+                self._fence_out(results, launch, verdict, row)
                 return
+        elif results.state == ADOPTED and launch is not None and not self.book.holds(results.key, launch):
+            return  # an old pod of this key left for another scheduler; a newer launch holds the slot
         if self._enforcing and results.state == FAILED:
             self._rename_requeue_job(results.key)
         super()._change_state(results, **kwargs)
-        if (
-            launch is not None
-            and verdict.reason is verdicts.Reason.CURRENT
-            and self.event_buffer.get(results.key) == (RUNNING, None)
-        ):
-            self.event_buffer[results.key] = (RUNNING, launch.token)
+        if launch is not None and launch.token and self.event_buffer.get(results.key) == (RUNNING, None):
+            # No token info: a None would erase the pre-assigned token (b3, b5).
+            self.event_buffer.pop(results.key, None)
+
+    def _fence_out(self, results: KubernetesResults, launch: Any, verdict: verdicts.Verdict, row: Any) -> None:
+        """A stale launch's event never reaches the scheduler; its pod goes (a running one now,
+        a finished one by the stock clean-up rules) and its slot is freed as stock would free it."""
+        if results.state == RUNNING:
+            if verdicts.owned(launch, self.deployment):
+                self._delete_launch_pod(results.pod_name, results.namespace, launch, "state_change", verdict, row)
+        elif results.state != ADOPTED:
+            self._retire_finished_pod(results.pod_name, results.namespace, launch, results.state)
+        self._release(results.key, launch)
 
     def _rename_requeue_job(self, key: Any) -> None:
         """Give the pre-execution requeue of a launch the next attempt's pod name (the failed pod
@@ -107,4 +120,4 @@ class EventFence:
         override = copy.deepcopy(attempt.job.kube_executor_config)
         override.metadata.name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token, attempt.attempts + 1)
         attempt.job = attempt.job._replace(kube_executor_config=override)
-        self._remember(override.metadata.name, launch)
+        self.book.remember(override.metadata.name, launch)

@@ -35,28 +35,39 @@ class HandoverFence:
         key = annotations_to_key(pod.metadata.annotations)
         ti = tis_to_flush_by_key.get(key) or self._adopting.get(key)
         if ti is not None and ref.launch is not None:
-            verdict = verdicts.should_adopt(ref.launch, str(ti.id), ti.external_executor_id)
+            verdict = verdicts.should_adopt(ref.launch, ti.external_executor_id)
             if not verdict.act:
-                deleted = self._enforcing and pods.delete(kube_client, ref, self.kube_config.kube_client_request_args)
-                metrics.decision(
-                    "adoption.refused",
-                    path="adoption",
-                    reason=verdict.reason.value,
-                    enforced=self._enforcing,
-                    pod=f"{ref.namespace}/{ref.name}",
-                    ti=str(ti.id),
-                    launch=short(ref.launch.token),
-                    current=short(as_token(ti.external_executor_id)),
-                    deleted=deleted,
-                )
-                if deleted:
-                    metrics.incr("pod.deleted", {"path": "adoption", "reason": verdict.reason.value})
-                    self._remember(ref.name, ref.launch)
+                self._refuse_adoption(kube_client, pod, ref, ti, verdict)
                 if self._enforcing:
-                    return  # not adopted: the scheduler resets the TI as usual
+                    return  # not adopted: the live launch's pod (if any) is adopted, or the TI reset
         super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
         if ref.launch is not None:
-            self._remember(ref.name, ref.launch)
+            if key in self.running:
+                self.book.adopted(key, ref.name, ref.launch)
+            else:
+                self.book.remember(ref.name, ref.launch)
+
+    def _refuse_adoption(self, kube_client: Any, pod: Any, ref: Any, ti: Any, verdict: Any) -> None:
+        """A dead scheduler's pod of a superseded launch (c): never adopted; deleted when this
+        deployment launched it and it has not finished (a finished one is left as stock leaves it)."""
+        phase = getattr(getattr(pod, "status", None), "phase", None)
+        deleted = False
+        if self._enforcing and verdicts.owned(ref.launch, self.deployment) and phase not in ("Succeeded", "Failed"):
+            deleted = pods.delete(kube_client, ref, self.kube_config.kube_client_request_args)
+        metrics.decision(
+            "adoption.refused",
+            path="adoption",
+            reason=verdict.reason.value,
+            enforced=self._enforcing,
+            pod=f"{ref.namespace}/{ref.name}",
+            ti=str(ti.id),
+            launch=short(ref.launch.token),
+            current=short(as_token(ti.external_executor_id)),
+            deleted=deleted,
+        )
+        if deleted:
+            metrics.incr("pod.deleted", {"path": "adoption", "reason": verdict.reason.value})
+        self.book.remember(ref.name, ref.launch)
 
     def revoke_task(self, *, ti: Any) -> None:
         super().revoke_task(ti=ti)
@@ -73,11 +84,14 @@ class HandoverFence:
                     for ref in page:
                         if ref.deleting or ref.launch is None or ref.launch.ti_id != str(ti.id):
                             continue
+                        if not verdicts.owned(ref.launch, self.deployment):
+                            continue
                         deleted = False
                         if self._enforcing:
                             # Like the provider: a revoked pod's events are not the task's outcome.
                             self.kube_scheduler.patch_pod_revoked(pod_name=ref.name, namespace=ref.namespace)
                             deleted = pods.delete(self.kube_client, ref, self.kube_config.kube_client_request_args)
+                            self.book.fenced(ref.name)
                         metrics.decision(
                             "pod.deleted" if deleted else "pod.revoked",
                             path="revoke",

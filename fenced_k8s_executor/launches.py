@@ -1,0 +1,134 @@
+"""LaunchBook: the one owner of what this scheduler knows about the launches it has in flight.
+
+Every fence path asks the book instead of keeping state of its own:
+
+- which launch a pod belongs to (pod name -> launch; bounded, so finished and fenced-out pods
+  keep resolving for their late events without a pod read);
+- which launch holds an executor key's slot (``running`` / ``pod_launch_attempts``): a swallowed
+  event releases the slot only when its own launch holds it, never a newer launch's;
+- which launches were created and have not reported Running yet: the per-loop reconcile re-checks
+  exactly these (a Pending pod emits no events, so nothing else would look at it).
+
+Plain Python, no Airflow or Kubernetes imports; thread-safe because the sweep thread records
+what it finds here too. Memory is bounded by the launches in flight plus ``memory`` pod names.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterable
+
+from fenced_k8s_executor.launch import LaunchIdentity
+from fenced_k8s_executor.verdicts import releases_slot
+
+#: Pod names remembered after their launch ended (hours of churn; an entry is a few hundred bytes).
+MEMORY = 20_000
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A pod this scheduler created that has not reported Running (or finished) yet."""
+
+    name: str
+    namespace: str
+    key: Hashable
+    launch: LaunchIdentity
+
+
+class LaunchBook:
+    def __init__(self, memory: int = MEMORY):
+        self._memory = memory
+        self._lock = threading.Lock()
+        self._pods: OrderedDict[str, LaunchIdentity] = OrderedDict()
+        self._holders: dict[Hashable, LaunchIdentity] = {}
+        self._pending: dict[str, Pending] = {}
+
+    # ------------------------------------------------------------ recording
+
+    def queued(self, key: Hashable, launch: LaunchIdentity) -> None:
+        """The executor put ``key`` in ``running`` for ``launch`` (execute_async)."""
+        with self._lock:
+            self._holders[key] = launch
+
+    def created(self, key: Hashable, name: str, namespace: str, launch: LaunchIdentity) -> None:
+        """A pod was created for ``launch``: it is pending until it reports Running or finishes."""
+        with self._lock:
+            self._remember(name, launch)
+            self._pending[name] = Pending(name, namespace, key, launch)
+
+    def adopted(self, key: Hashable, name: str, launch: LaunchIdentity) -> None:
+        with self._lock:
+            self._remember(name, launch)
+            self._holders[key] = launch
+
+    def remember(self, name: str, launch: LaunchIdentity) -> None:
+        with self._lock:
+            self._remember(name, launch)
+
+    def remember_all(self, pairs: Iterable[tuple[str, LaunchIdentity]]) -> None:
+        with self._lock:
+            for name, launch in pairs:
+                self._remember(name, launch)
+
+    def observed(self, name: str) -> None:
+        """The pod reported Running or a terminal state: no longer pending."""
+        with self._lock:
+            self._pending.pop(name, None)
+
+    def fenced(self, name: str) -> None:
+        """The pod was deleted as stale: nothing more to re-check."""
+        self.observed(name)
+
+    # ------------------------------------------------------------ questions
+
+    def launch_of(self, name: str) -> LaunchIdentity | None:
+        with self._lock:
+            return self._pods.get(name)
+
+    def knows(self, name: str) -> bool:
+        with self._lock:
+            return name in self._pods
+
+    def holder(self, key: Hashable) -> LaunchIdentity | None:
+        with self._lock:
+            return self._holders.get(key)
+
+    def holds(self, key: Hashable, launch: LaunchIdentity | None) -> bool:
+        """True when ``launch`` (or nobody known) holds ``key``: its discard may release the slot."""
+        with self._lock:
+            return releases_slot(self._holders.get(key), launch)
+
+    def release(self, key: Hashable, launch: LaunchIdentity | None) -> bool:
+        """Should a stale ``launch``'s event free ``key``'s slot? Forgets the holder if so."""
+        with self._lock:
+            if not releases_slot(self._holders.get(key), launch):
+                return False
+            self._holders.pop(key, None)
+            return True
+
+    def pending(self) -> list[Pending]:
+        with self._lock:
+            return list(self._pending.values())
+
+    def prune(self, running: Iterable[Hashable]) -> None:
+        """Forget holders and pending launches of keys that left ``running`` by any path."""
+        live = set(running)
+        with self._lock:
+            for key in [k for k in self._holders if k not in live]:
+                del self._holders[key]
+            for name in [n for n, p in self._pending.items() if p.key not in live]:
+                del self._pending[name]
+
+    def sizes(self) -> dict[str, Any]:
+        with self._lock:
+            return {"pods": len(self._pods), "holders": len(self._holders), "pending": len(self._pending)}
+
+    # ------------------------------------------------------------ internals
+
+    def _remember(self, name: str, launch: LaunchIdentity) -> None:
+        self._pods[name] = launch
+        self._pods.move_to_end(name)
+        while len(self._pods) > self._memory:
+            self._pods.popitem(last=False)
