@@ -121,6 +121,11 @@ class LaunchBook:
             for name in [n for n, p in self._pending.items() if p.key not in live]:
                 del self._pending[name]
 
+    def snapshot(self) -> dict[str, LaunchIdentity]:
+        """Pod name -> launch, as remembered now (a copy)."""
+        with self._lock:
+            return dict(self._pods)
+
     def sizes(self) -> dict[str, Any]:
         with self._lock:
             return {"pods": len(self._pods), "holders": len(self._holders), "pending": len(self._pending)}

@@ -63,10 +63,7 @@ def _precreate_once(lab: Lab, ex, tis: list) -> dict:
         ex.task_queue = real_queue
     if len(created) != len(tis) or not local.empty():
         raise RuntimeError(f"{type(ex).__name__} created {len(created)} of {len(tis)} current jobs")
-    unverified = getattr(ex, "_unverified", None)
     forget(ex)
-    if unverified is not None:  # steady state: the next batch's query re-checks these too
-        ex._unverified = unverified
     return {"seconds": seconds, "db": db, "ledger_counter": ledger.ROUND_TRIPS - counter}
 
 

@@ -389,11 +389,13 @@ def forget(executor) -> None:
     executor.running.clear()
     executor.event_buffer.clear()
     executor.pod_launch_attempts.clear()
-    for attr in ("_launches", "_precreate", "_state_verdicts"):
+    for attr in ("_precreate", "_state_verdicts"):
         if hasattr(executor, attr):
             getattr(executor, attr).clear()
-    if hasattr(executor, "_unverified"):
-        executor._unverified = []
+    if hasattr(executor, "book"):
+        from fenced_k8s_executor.launches import LaunchBook
+
+        executor.book = LaunchBook()
 
 
 @contextmanager

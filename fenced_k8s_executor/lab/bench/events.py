@@ -26,7 +26,7 @@ def state_change(lab: Lab, events: int, reps: int) -> dict:
         watches[kind] = [KubernetesWatch(p.metadata.name, ns, None, dict(p.metadata.annotations),
                                          p.metadata.resource_version, None) for p in pods]
         ex._bench_running = set(ex.running)
-        ex._bench_launches = dict(getattr(ex, "_launches", {}))
+        ex._bench_launches = ex.book.snapshot() if hasattr(ex, "book") else {}
     out: dict = {"events": events, "raw": {}, "seconds_per_event": {}, "added_us_per_event": {}, "ratio": {}}
     for mode in ("hit", "fallback"):
         raw: dict = {"stock": [], "fenced": []}
@@ -53,8 +53,8 @@ def state_change(lab: Lab, events: int, reps: int) -> dict:
 def _state_once(lab: Lab, ex, watches: list, mode: str) -> dict:
     forget(ex)
     ex.running.update(ex._bench_running)
-    if hasattr(ex, "_launches"):
-        ex._launches.update(ex._bench_launches if mode == "hit" else {})
+    if hasattr(ex, "book") and mode == "hit":
+        ex.book.remember_all(ex._bench_launches.items())
     for w in watches:  # exactly what the watcher hands over
         ex.kube_scheduler.process_watcher_task(w)
     while ex.result_queue.qsize() < len(watches):

@@ -11,10 +11,14 @@ from fenced_k8s_executor.launch import LaunchIdentity
 from fenced_k8s_executor.sweep import Sweeper
 
 
+DEPLOYMENT = "bench-deployment"
+
+
 def pod_body(ti: tuple, token: str, job_id: int = 1) -> dict:
-    """An executor pod of a fenced scheduler (the metadata of tests/integration World.stale_pod)."""
+    """An executor pod of a fenced scheduler of deployment ``DEPLOYMENT``."""
     ti_id, dag_id, task_id, run_id = ti
-    launch = LaunchIdentity(ti_id=ti_id, token=token, try_number=1, scheduler_job_id=str(job_id))
+    launch = LaunchIdentity(ti_id=ti_id, token=token, try_number=1, scheduler_job_id=str(job_id),
+                            dag_id=dag_id, task_id=task_id, run_id=run_id, deployment=DEPLOYMENT)
     name = f"{dag_id}-{task_id}-{uuid.uuid4().hex[:10]}".replace("_", "-")
     labels = {"kubernetes_executor": "True", "airflow-worker": str(job_id), "dag_id": dag_id, "task_id": task_id,
               "try_number": "1", "run_id": run_id, **launch.labels()}
@@ -65,7 +69,7 @@ def sweep(lab: Lab, sizes: list[int], reps: int, stale_fraction: float, page_siz
         progress(f"sweep: creating {size} pods ({n_stale} stale) in the emulator")
         create_pods(lab, ns, current + stale)
         sweeper = Sweeper(kube_client=lab.core_api("sweeper", ns), namespaces=[ns], interval=0,
-                          page_size=page_size, enforcing=True)
+                          page_size=page_size, enforcing=True, deployment=DEPLOYMENT)
         samples = []
         for rep in range(reps + 1):  # rep 0: warm-up
             if rep > 0:
