@@ -1,12 +1,16 @@
-"""Conformance fixtures: the real `kubernetes` client against the emulator, or a real cluster.
+"""Conformance fixtures: the real `kubernetes` client against the emulator and a real apiserver.
 
-Set CONFORMANCE_KUBECONFIG=/path/to/kubeconfig to run the same tests against a real cluster.
+By default every test runs twice, against two targets: `emulator` (a private emulator instance)
+and `real` (the session's kube-apiserver v1.36.2 + etcd from envtest assets, see tests/conftest.py;
+skipped with the reason when no assets are installed). Set CONFORMANCE_KUBECONFIG=/path/to/kubeconfig
+to run them once, against that cluster (target `external`), instead.
 Each test gets its own namespace, created and deleted by the fixture. Tests that need
 emulator-only controls (compaction, faults, audit, log injection, on-demand bookmarks) take the
-`emu` fixture and are skipped against a real cluster. Nothing else differs between targets.
+`emu` fixture and are skipped against a real apiserver. Nothing else differs between targets.
 
 Pods use a scheduler name no scheduler serves, so on a real cluster they stay unbound (and are
 never run) unless a test binds them or sets spec.nodeName itself (to a node that does not exist).
+Where the emulator and a real apiserver disagree, the real apiserver is right.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from kubernetes.client.rest import ApiException
 from fenced_k8s_executor.lab.kubeapi import Emulator
 
 KUBECONFIG = os.environ.get("CONFORMANCE_KUBECONFIG")
-TOKEN = "conformance-token-0123456789"
+TARGETS = ["external"] if KUBECONFIG else ["emulator", "real"]
+TOKEN = "conformance"  # the real apiserver's static tokens equal the user names
 FAKE_NODE = "conformance-no-such-node"
 UNSCHEDULED = "conformance-no-such-scheduler"
 PARTIAL_LIST = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
@@ -33,28 +38,37 @@ PARTIAL = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io"
 WAIT = 15.0  # generous: a loaded 2-core box, or a real cluster
 
 
-@pytest.fixture(scope="session")
-def emulator():
-    if KUBECONFIG:
+@pytest.fixture(scope="session", params=TARGETS)
+def target(request):
+    """The API under test: a private Emulator, the session's real apiserver, or None (external)."""
+    if request.param == "external":
         yield None
-        return
-    emu = Emulator(tokens={TOKEN: "conformance"})
-    emu.start()
-    yield emu
-    emu.stop()
+    elif request.param == "emulator":
+        emu = Emulator(tokens={TOKEN: "conformance"})
+        emu.start()
+        yield emu
+        emu.stop()
+    else:
+        yield request.getfixturevalue("envtest_session")
+
+
+@pytest.fixture(scope="session")
+def emulator(target):
+    """The emulator when it is the target, else None."""
+    return target if target is not None and target.name == "emulator" else None
 
 
 @pytest.fixture
 def emu(emulator):
-    """The emulator's test controls; skips the test against a real cluster."""
+    """The emulator's test controls; skips the test against a real apiserver."""
     if emulator is None:
         pytest.skip("needs emulator-only test controls (compaction, faults, audit, log injection, bookmarks)")
     return emulator
 
 
 @pytest.fixture(scope="session")
-def api_client(emulator, tmp_path_factory):
-    path = KUBECONFIG or emulator.write_kubeconfig(str(tmp_path_factory.mktemp("kube") / "config"), token=TOKEN)
+def api_client(target, tmp_path_factory):
+    path = KUBECONFIG or target.write_kubeconfig(str(tmp_path_factory.mktemp("kube") / "config"), token=TOKEN)
     c = config.new_client_from_config(config_file=path)
     yield c
     c.close()

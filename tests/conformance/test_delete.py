@@ -69,6 +69,20 @@ def test_graceful_deletion_of_bound_pod(v1, ns, make_pod, h):
     assert _gone(v1, ns, name, h)
 
 
+def test_delete_options_body_wins_over_query(v1, ns, make_pod, h):
+    """With a DeleteOptions body, kube-apiserver ignores ?gracePeriodSeconds=: a final delete must
+    carry gracePeriodSeconds=0 in the body next to its preconditions."""
+    pod = make_pod(node=h.FAKE_NODE, grace=30)
+    name = pod.metadata.name
+    v1.delete_namespaced_pod(name, ns)
+    out = v1.delete_namespaced_pod(name, ns, grace_period_seconds=0,
+                                   body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.metadata.uid)))
+    assert out.metadata.deletion_grace_period_seconds == 30  # still terminating: the query was ignored
+    assert v1.read_namespaced_pod(name, ns).metadata.deletion_timestamp is not None
+    v1.delete_namespaced_pod(name, ns, grace_period_seconds=0)  # no body: the query counts
+    assert _gone(v1, ns, name, h)
+
+
 def test_graceful_deletion_can_be_shortened_not_lengthened(v1, ns, make_pod, h):
     pod = make_pod(node=h.FAKE_NODE, grace=30)
     name = pod.metadata.name
@@ -106,10 +120,13 @@ def test_binding_sets_node_and_rebinding_is_409(v1, ns, make_pod, h):
     assert err.value.status == 409
 
 
-def test_log_of_unbound_pod_is_400(v1, ns, make_pod, h):
+def test_log_of_unbound_pod_is_empty_204(v1, ns, make_pod, h):
+    """No host assigned: kube-apiserver has no kubelet to ask and answers 204 with no body."""
     pod = make_pod()
-    with pytest.raises(h.ApiException) as err:
-        h.read_log(v1, pod.metadata.name, ns)
+    resp = v1.read_namespaced_pod_log(pod.metadata.name, ns, _preload_content=False)
+    assert resp.status == 204 and resp.data == b""
+    with pytest.raises(h.ApiException) as err:  # the container name is still checked
+        h.read_log(v1, pod.metadata.name, ns, container="no-such-container")
     assert err.value.status == 400
 
 

@@ -59,14 +59,26 @@ def test_noop_patch_keeps_resource_version(v1, ns, make_pod, collectors):
 def test_status_subresource(v1, ns, make_pod):
     pod = make_pod()
     name = pod.metadata.name
+    # pods/status takes status and metadata (labels, annotations), never the spec
     out = v1.patch_namespaced_pod_status(name, ns, {"status": {"phase": "Running"},
-                                                     "metadata": {"labels": {"via-status": "1"}}})
+                                                     "metadata": {"labels": {"via-status": "1"}},
+                                                     "spec": {"activeDeadlineSeconds": 5}})
     assert out.status.phase == "Running"
-    assert "via-status" not in (out.metadata.labels or {})
+    assert out.metadata.labels == {"via-status": "1"}
+    assert out.spec.active_deadline_seconds is None
     # the main resource ignores status changes
     out = v1.patch_namespaced_pod(name, ns, {"status": {"phase": "Failed"}, "metadata": {"labels": {"m": "1"}}})
-    assert out.status.phase == "Running" and out.metadata.labels == {"m": "1"}
+    assert out.status.phase == "Running" and out.metadata.labels == {"via-status": "1", "m": "1"}
     assert v1.read_namespaced_pod_status(name, ns).status.phase == "Running"
+
+
+def test_status_patch_keeps_owner_references(v1, ns, h):
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "11111111-2222-3333-4444-555555555555"}
+    body = h.pod_body(name="owned")
+    body["metadata"]["ownerReferences"] = [owner]
+    h.create_pod(v1, ns, body)
+    out = v1.patch_namespaced_pod_status("owned", ns, {"metadata": {"ownerReferences": None}})
+    assert [r.name for r in out.metadata.owner_references or []] == ["owner"]
 
 
 def test_status_patch_merges_conditions_by_type(v1, ns, make_pod):

@@ -28,8 +28,9 @@ def test_watch_resumes_from_resource_version(v1, ns, make_pod, collectors):
     v1.patch_namespaced_pod("after", ns, {"metadata": {"labels": {"changed": "1"}}})
     v1.delete_namespaced_pod("before", ns)
     watcher = collectors(v1.list_namespaced_pod, ns, resource_version=rv)
-    seen = [(e["type"], e["object"].metadata.name) for e in (watcher.next() for _ in range(3))]
-    assert seen == [("ADDED", "after"), ("MODIFIED", "after"), ("DELETED", "before")]
+    seen = [(e["type"], e["object"].metadata.name) for e in (watcher.next() for _ in range(4))]
+    # even an immediate delete (unbound pod) is an update setting deletionTimestamp, then the delete
+    assert seen == [("ADDED", "after"), ("MODIFIED", "after"), ("MODIFIED", "before"), ("DELETED", "before")]
 
 
 def test_watch_sees_live_events_in_order(v1, ns, make_pod, collectors):
@@ -38,10 +39,27 @@ def test_watch_sees_live_events_in_order(v1, ns, make_pod, collectors):
     pod = make_pod(name="live")
     v1.patch_namespaced_pod_status("live", ns, {"status": {"phase": "Running"}})
     v1.delete_namespaced_pod("live", ns)
-    added, modified, deleted = watcher.next(), watcher.next(), watcher.next()
-    assert [added["type"], modified["type"], deleted["type"]] == ["ADDED", "MODIFIED", "DELETED"]
+    added, modified, deleting, deleted = watcher.next(), watcher.next(), watcher.next(), watcher.next()
+    assert [e["type"] for e in (added, modified, deleting, deleted)] == ["ADDED", "MODIFIED", "MODIFIED", "DELETED"]
     assert modified["object"].status.phase == "Running"
+    assert deleting["object"].metadata.deletion_timestamp is not None
+    assert deleting["object"].metadata.deletion_grace_period_seconds == 0
     assert deleted["object"].metadata.uid == pod.metadata.uid
+
+
+def test_graceful_deletion_events_of_a_bound_pod(v1, ns, make_pod, collectors, h):
+    """What the executor's watcher sees when a bound pod is deleted and its kubelet finishes it."""
+    from kubernetes import client
+
+    pod = make_pod(node=h.FAKE_NODE, grace=30)
+    name = pod.metadata.name
+    watcher = collectors(v1.list_namespaced_pod, ns, resource_version=pod.metadata.resource_version)
+    v1.delete_namespaced_pod(name, ns)
+    v1.delete_namespaced_pod(name, ns, body=client.V1DeleteOptions(
+        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)))
+    events = [watcher.next() for _ in range(3)]
+    assert [e["type"] for e in events] == ["MODIFIED", "MODIFIED", "DELETED"]
+    assert [e["object"].metadata.deletion_grace_period_seconds for e in events] == [30, 0, 0]
 
 
 def test_watch_timeout_seconds_ends_the_stream(v1, ns):
@@ -69,7 +87,9 @@ def test_label_selector_transition_delivers_deleted_then_added(v1, ns, make_pod,
                          resource_version=pod.metadata.resource_version)
     v1.patch_namespaced_pod(name, ns, {"metadata": {"labels": {"team": "b"}}})
     left = watcher.next()
-    assert left["type"] == "DELETED" and left["object"].metadata.labels == {"team": "b"}
+    # the watcher gets the last state it was allowed to see (still team=a) at the new resourceVersion
+    assert left["type"] == "DELETED" and left["object"].metadata.labels == {"team": "a"}
+    assert left["object"].metadata.resource_version == v1.read_namespaced_pod(name, ns).metadata.resource_version
     v1.patch_namespaced_pod(name, ns, {"metadata": {"labels": {"team": "a"}}})
     assert watcher.next()["type"] == "ADDED"
 

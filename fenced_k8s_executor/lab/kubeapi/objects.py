@@ -237,17 +237,39 @@ def pod_update(old: dict, new: object) -> dict:
 
 
 def pod_status_update(old: dict, new: object) -> dict:
-    """The Pod stored by an update/patch of /status: only status changes are taken."""
+    """The Pod stored by an update/patch of /status: status and metadata changes are taken, the
+    spec and ownerReferences are kept (kube-apiserver's podStatusStrategy; labels, annotations and
+    finalizers do change through pods/status)."""
     if not isinstance(new, dict):
         raise ApiError.bad_request("the body of the request was in an unknown format")
     _check_kind(new, "Pod")
+    name = old["metadata"]["name"]
     status = new.get("status") or {}
     if not isinstance(status, dict):
-        raise ApiError.invalid("Pod", old["metadata"]["name"], ["status: Invalid value: must be an object"])
+        raise ApiError.invalid("Pod", name, ["status: Invalid value: must be an object"])
     phase = status.get("phase")
     if phase is not None and phase not in ("Pending", "Running", "Succeeded", "Failed", "Unknown"):
-        raise ApiError.invalid("Pod", old["metadata"]["name"], [f"status.phase: Unsupported value: \"{phase}\""])
-    return {**old, "status": status}
+        raise ApiError.invalid("Pod", name, [f"status.phase: Unsupported value: \"{phase}\""])
+    old_qos = (old.get("status") or {}).get("qosClass")
+    if status.get("qosClass") not in (None, old_qos):
+        raise ApiError.invalid("Pod", name, [f"status.qosClass: Invalid value: \"{status['qosClass']}\": "
+                                             f"field is immutable"])
+    if old_qos is not None:
+        status = {**status, "qosClass": old_qos}
+    meta = _keep_server_meta(old, new)
+    if "ownerReferences" in old["metadata"]:
+        meta["ownerReferences"] = old["metadata"]["ownerReferences"]
+    else:
+        meta.pop("ownerReferences", None)
+    problems = _meta_problems(meta, True)
+    if problems:
+        raise ApiError.invalid("Pod", name, problems)
+    if old["metadata"].get("deletionTimestamp"):
+        added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
+        if added:
+            raise ApiError.invalid("Pod", name, [
+                "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted"])
+    return {**old, "metadata": meta, "status": status}
 
 
 def delete_grace(pod: dict, requested: int | None) -> int:

@@ -245,24 +245,28 @@ class Resources:
         self._check_preconditions("pods", pod, opts.get("preconditions"))
         grace = objects.delete_grace(pod, opts.get("gracePeriodSeconds"))
         meta = pod["metadata"]
-        if grace == 0 and not meta.get("finalizers"):
-            return _json(self.store.remove("pods", ns, name))
         current = meta.get("deletionGracePeriodSeconds")
         if meta.get("deletionTimestamp") and current is not None and grace >= current:
             return _json(pod)  # kube only ever shortens a pending graceful deletion
         new = {**pod, "metadata": {**meta, "deletionTimestamp": objects.now(grace),
                                    "deletionGracePeriodSeconds": grace}}
-        return _json(self.store.write("pods", new, pod))
+        stored = self.store.write("pods", new, pod)  # MODIFIED, even when the delete is immediate
+        if grace == 0 and not meta.get("finalizers"):
+            return _json(self.store.remove("pods", ns, name))  # then DELETED
+        return _json(stored)
 
     async def _delete_options(self, request: web.Request) -> dict:
+        # As kube-apiserver: DeleteOptions come from the body when there is one; the query
+        # parameters (?gracePeriodSeconds=) are read only when the body is empty.
         opts: dict = {}
         if (await request.read()).strip():
             _, opts = await _body(request)
             if not isinstance(opts, dict):
                 raise ApiError.bad_request("the body of the request was in an unknown format")
-        q_grace = _int(request, "gracePeriodSeconds")
-        if q_grace is not None:
-            opts["gracePeriodSeconds"] = q_grace
+        else:
+            q_grace = _int(request, "gracePeriodSeconds")
+            if q_grace is not None:
+                opts["gracePeriodSeconds"] = q_grace
         g = opts.get("gracePeriodSeconds")
         if g is not None and (not isinstance(g, int) or isinstance(g, bool)):
             raise ApiError.bad_request("gracePeriodSeconds must be an integer")
@@ -314,7 +318,7 @@ class Resources:
         data = self.state.read_log(ns, name, container)
         if data is None:
             if not pod["spec"].get("nodeName"):
-                raise ApiError.bad_request(f"pod {name} does not have a host assigned")
+                return web.Response(status=204)  # no host assigned: kube-apiserver answers empty
             if (pod.get("status") or {}).get("phase", "Pending") == "Pending":
                 raise ApiError.bad_request(f'container "{container}" in pod "{name}" is waiting to start: '
                                            f"ContainerCreating")

@@ -186,7 +186,7 @@ def parse_label_selector(text: str | None) -> LabelSelector:
                 need(i < len(toks) and toks[i] in (",", ")"), "expected ',' or ')'")
                 if toks[i] == ",":
                     i += 1
-            need(bool(values), "set must not be empty")
+            # kube-apiserver accepts an empty set: "k in ()" matches nothing, "k notin ()" everything
             reqs.append(Requirement(key, op, tuple(values)))
         elif toks[i] in (">", "<"):
             op = "gt" if toks[i] == ">" else "lt"

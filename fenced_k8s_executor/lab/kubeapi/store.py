@@ -62,8 +62,10 @@ class Watcher:
             return ("MODIFIED", ev.new)
         if now:
             return ("ADDED", ev.new)
-        if was:
-            return ("DELETED", ev.new)
+        if was:  # as kube-apiserver's watch cache: the last state that matched, at the new resourceVersion
+            old = ev.old or ev.new
+            return ("DELETED", {**old, "metadata": {**old["metadata"],
+                                                    "resourceVersion": ev.new["metadata"]["resourceVersion"]}})
         return None
 
     def offer(self, ev: Event) -> None:
