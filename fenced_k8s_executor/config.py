@@ -47,6 +47,11 @@ OPTIONS: dict[str, tuple[str, str]] = {
         "True",
         "api-server plugin: answer 409 stale_executor_launch to /run from a superseded launch.",
     ),
+    "metrics_executor_name": (
+        "KubernetesExecutor",
+        "Executor name on Airflow's executor gauges (executor_class_name tag, and the metric name"
+        " suffix with several executors). Default: the stock name, so dashboards keep working.",
+    ),
 }
 
 _TRUE = {"true", "t", "1", "yes", "y", "on"}
@@ -62,6 +67,7 @@ class FencedConfig:
     worker_entrypoint: bool = True
     run_gate: bool = True
     deployment_id: str = ""
+    metrics_executor_name: str = "KubernetesExecutor"
 
     @property
     def enforcing(self) -> bool:
@@ -136,6 +142,10 @@ def parse(raw: dict[str, str]) -> FencedConfig:
         mode = Mode(mode_text)
     except ValueError:
         raise _fail("mode", value["mode"], " | ".join(m.value for m in Mode)) from None
+    metrics_executor_name = value["metrics_executor_name"].strip()
+    if not metrics_executor_name.isidentifier():
+        raise _fail("metrics_executor_name", value["metrics_executor_name"],
+                    "a non-empty identifier, e.g. KubernetesExecutor or FencedKubernetesExecutor")
     return FencedConfig(
         mode=mode,
         sweep_interval=_parse_number("sweep_interval", value["sweep_interval"], float, 0, 86400),
@@ -144,6 +154,7 @@ def parse(raw: dict[str, str]) -> FencedConfig:
         worker_entrypoint=_parse_bool("worker_entrypoint", value["worker_entrypoint"]),
         run_gate=_parse_bool("run_gate", value["run_gate"]),
         deployment_id=_parse_deployment_id(value["deployment_id"]),
+        metrics_executor_name=metrics_executor_name,
     )
 
 

@@ -28,6 +28,7 @@ from fenced_k8s_executor.launch import LaunchIdentity, as_token, pod_name
 from fenced_k8s_executor.launches import LaunchBook
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import TOKEN_LABEL
+from fenced_k8s_executor.stock_identity import StockMetricIdentity
 from fenced_k8s_executor.sweep import Sweeper
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class _SharedModelConfiguration(Configuration):
 _MODEL_CONFIG = _SharedModelConfiguration()
 
 
-class FencedKubernetesExecutor(CreationFence, EventFence, HandoverFence, KubernetesExecutor):
+class FencedKubernetesExecutor(StockMetricIdentity, CreationFence, EventFence, HandoverFence, KubernetesExecutor):
     """KubernetesExecutor whose pods carry their launch token and whose every path checks it."""
 
     pre_assigns_external_executor_id = True
