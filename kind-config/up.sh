@@ -7,27 +7,26 @@
 # Idempotent: re-running with the other flavour rebuilds/loads the image and `helm upgrade`s the
 # release in place. Use kind-config/down.sh to delete everything.
 #
+# What it installs is what CI renders (tests/helm): the chart source ../shared/helm/chart and the
+# values file helm-values/<flavour>-ha.yaml, unchanged, plus generated secrets. After the install
+# it asks the running scheduler which executor Airflow loaded and whether its service account may
+# create pods, and fails if either is wrong.
+#
 # Overridable through the environment:
 #   KIND_CLUSTER_NAME   (fenced-k8s)    AIRFLOW_NAMESPACE (airflow)   RELEASE (airflow)
-#   CHART_VERSION       (see below)     AIRFLOW_IMAGE_TAG (3.3.2)     IMAGE (fenced-k8s-executor:dev)
+#   CHART_DIR           (../shared/helm/chart, see step 5)            AIRFLOW_IMAGE_TAG (3.3.2)
 #   SKIP_BUILD=1        reuse an image already loaded into the cluster
 #   HELM_TIMEOUT        (15m)
 set -euo pipefail
-
-# Official apache-airflow chart version. NOT verified on this project's machines (no Docker).
-# 1.22.0 was the newest chart found in public sources (appVersion 3.2.2); the values files set
-# airflowVersion 3.3.2 and point images.airflow at our image. Bump when a chart with
-# appVersion 3.3.x is published: `helm search repo apache-airflow/airflow --versions`.
-CHART_VERSION="${CHART_VERSION:-1.22.0}"
-CHART_REPO_NAME="apache-airflow"
-CHART_REPO_URL="https://airflow.apache.org"
 
 KIND_CLUSTER_NAME="${KIND_CLUSTER_NAME:-fenced-k8s}"
 AIRFLOW_NAMESPACE="${AIRFLOW_NAMESPACE:-airflow}"
 RELEASE="${RELEASE:-airflow}"
 AIRFLOW_IMAGE_TAG="${AIRFLOW_IMAGE_TAG:-3.3.2}"
-IMAGE="${IMAGE:-fenced-k8s-executor:dev}"
 HELM_TIMEOUT="${HELM_TIMEOUT:-15m}"
+# Fixed: must equal images.airflow and images.pod_template in helm-values/*-ha.yaml, which are
+# installed unchanged (tests/helm checks that the three agree).
+IMAGE="fenced-k8s-executor:dev"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "${HERE}/.." && pwd)"
@@ -90,27 +89,44 @@ jwtSecret: "$(rnd)"
 YAML
 fi
 
-# 4. Chart
-log "helm repo ${CHART_REPO_NAME} (${CHART_REPO_URL})"
-helm repo add "${CHART_REPO_NAME}" "${CHART_REPO_URL}" --force-update >/dev/null
-helm repo update "${CHART_REPO_NAME}" >/dev/null
+# 4. Metadata database outside the chart, like production (kind-config/postgres.yaml).
+log "metadata database (kind-config/postgres.yaml)"
+kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" apply -f "${HERE}/postgres.yaml"
+kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" rollout status deploy/airflow-metadata-db --timeout=5m
 
-log "helm upgrade --install ${RELEASE} ${CHART_REPO_NAME}/airflow --version ${CHART_VERSION} (${FLAVOUR})"
+# 5. Chart. Default: the chart source CI renders (official apache/airflow chart, 1.20.0-dev).
+# CHART_DIR may point at another unpacked chart, e.g.
+#   helm pull apache-airflow/airflow --version X.Y.Z --untar -d /tmp/c && CHART_DIR=/tmp/c/airflow
+# but CI has not rendered that one: see docs/helm.md ("Chart versions") first.
+CHART_DIR="${CHART_DIR:-${ROOT}/../shared/helm/chart}"
+[[ -f "${CHART_DIR}/Chart.yaml" ]] || {
+  echo "up.sh: no chart at ${CHART_DIR} (set CHART_DIR to an unpacked apache-airflow chart)" >&2; exit 2; }
+# The values turn the bundled postgresql subchart off, and the shared chart source does not ship
+# it. helm refuses a chart whose Chart.yaml lists a dependency missing from charts/ even when its
+# condition is off, so install a copy without that dependency entry (the same manifests).
+CHART_COPY="${ROOT}/out/kind/chart"
+rm -rf "${CHART_COPY}" && mkdir -p "${CHART_COPY}"
+cp -R "${CHART_DIR}/." "${CHART_COPY}/" && chmod -R u+w "${CHART_COPY}"
+if [[ ! -d "${CHART_COPY}/charts/postgresql" ]]; then
+  awk '/^dependencies:/ {skip=1; next} skip && /^[^[:space:]-]/ {skip=0} !skip' \
+    "${CHART_DIR}/Chart.yaml" > "${CHART_COPY}/Chart.yaml"
+  rm -f "${CHART_COPY}/Chart.lock"
+fi
+CHART_VERSION="$(awk '/^version:/ {print $2; exit}' "${CHART_COPY}/Chart.yaml")"
+
+log "helm upgrade --install ${RELEASE} (chart ${CHART_VERSION} from ${CHART_DIR}; ${VALUES##*/})"
 # The pending-pressure quota (if left behind) would block the rollout.
 kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" delete resourcequota fenced-repro-pod-pressure --ignore-not-found
 "${HERE}/pending-pressure/taint.sh" release
 
-helm upgrade --install "${RELEASE}" "${CHART_REPO_NAME}/airflow" \
+helm upgrade --install "${RELEASE}" "${CHART_COPY}" \
   --kube-context "${CTX}" \
   --namespace "${AIRFLOW_NAMESPACE}" \
-  --version "${CHART_VERSION}" \
   --values "${VALUES}" \
   --values "${SECRETS_FILE}" \
-  --set "images.airflow.repository=${IMAGE%%:*}" \
-  --set-string "images.airflow.tag=${IMAGE##*:}" \
   --wait --timeout "${HELM_TIMEOUT}"
 
-# 5. Rollout
+# 6. Rollout
 log "waiting for rollout"
 for d in scheduler api-server dag-processor triggerer; do
   if kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" get deploy "${RELEASE}-${d}" >/dev/null 2>&1; then
@@ -123,7 +139,25 @@ if [[ "${SKIP_BUILD:-0}" != "1" ]]; then
   kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" rollout status deploy/"${RELEASE}-scheduler" --timeout=10m
 fi
 
-log "ready: flavour=${FLAVOUR} chart=${CHART_VERSION} image=${IMAGE}"
+
+# 7. What the running scheduler really loads, and its pod RBAC (the CI render predicts both).
+case "${FLAVOUR}" in
+  fenced) WANT_EXECUTOR="fenced_k8s_executor.FencedKubernetesExecutor" ;;
+  stock)  WANT_EXECUTOR="KubernetesExecutor" ;;
+esac
+GOT_EXECUTOR="$(kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" exec "deploy/${RELEASE}-scheduler" -c scheduler -- \
+  airflow config get-value core executor 2>/dev/null | tail -n 1)"
+[[ "${GOT_EXECUTOR}" == "${WANT_EXECUTOR}" ]] || {
+  echo "up.sh: the scheduler loads executor '${GOT_EXECUTOR}', expected '${WANT_EXECUTOR}'" >&2; exit 1; }
+SCHEDULER_SA="$(kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" get "deploy/${RELEASE}-scheduler" \
+  -o jsonpath='{.spec.template.spec.serviceAccountName}')"
+for verb in create get list watch patch delete; do
+  kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" auth can-i "${verb}" pods \
+    --as "system:serviceaccount:${AIRFLOW_NAMESPACE}:${SCHEDULER_SA}" >/dev/null || {
+    echo "up.sh: service account ${SCHEDULER_SA} may not ${verb} pods" >&2; exit 1; }
+done
+
+log "ready: flavour=${FLAVOUR} executor=${GOT_EXECUTOR} chart=${CHART_VERSION} image=${IMAGE}"
 kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" get pods -o wide
 cat <<MSG
 

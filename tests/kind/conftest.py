@@ -142,16 +142,35 @@ def kubectl(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
 
 
 def installed_flavour(kube) -> str | None:
-    """Read [core] executor from the chart's airflow.cfg ConfigMap."""
+    """The executor the installed scheduler loads, resolved like Airflow does.
+
+    The values files (helm-values/*-ha.yaml, installed unchanged by kind-config/up.sh) keep the
+    chart's ``executor`` at KubernetesExecutor, so airflow.cfg says KubernetesExecutor for both
+    flavours; the fenced flavour sets AIRFLOW__CORE__EXECUTOR in the scheduler's env, which Airflow
+    reads first (a repeated name: the last entry wins). tests/helm proves the same on the render.
+    """
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
+    executor = ""
     try:
-        cm = kube.read_namespaced_config_map(f"{RELEASE}-config", NAMESPACE)
+        deploy = client.AppsV1Api(kube.api_client).read_namespaced_deployment(f"{RELEASE}-scheduler", NAMESPACE)
     except ApiException:
         return None
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    parser.read_string((cm.data or {}).get("airflow.cfg", ""))
-    executor = parser.get("core", "executor", fallback="").split(",")[0].strip()
+    for container in deploy.spec.template.spec.containers:
+        if container.name == "scheduler":
+            for env in container.env or []:
+                if env.name == "AIRFLOW__CORE__EXECUTOR" and env.value:
+                    executor = env.value
+    if not executor:
+        try:
+            cm = kube.read_namespaced_config_map(f"{RELEASE}-config", NAMESPACE)
+        except ApiException:
+            return None
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        parser.read_string((cm.data or {}).get("airflow.cfg", ""))
+        executor = parser.get("core", "executor", fallback="")
+    executor = executor.split(",")[0].strip()
     if not executor:
         return None
     return "fenced" if executor.endswith("FencedKubernetesExecutor") else "stock"
@@ -381,7 +400,7 @@ def kindlib():
     from types import SimpleNamespace
 
     return SimpleNamespace(
-        DAG_ID=DAG_ID, NAMESPACE=NAMESPACE, OUT=OUT, ROOT=ROOT,
+        DAG_ID=DAG_ID, NAMESPACE=NAMESPACE, RELEASE=RELEASE, OUT=OUT, ROOT=ROOT,
         PodRecorder=PodRecorder, db_task_instances=db_task_instances,
         kubectl=kubectl, scheduler_pods=scheduler_pods,
     )

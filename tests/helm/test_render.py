@@ -1,0 +1,247 @@
+"""Every values file in helm-values/ rendered with the official Airflow chart (../shared/helm).
+
+For each fenced values file the rendered manifests must show: the chart accepts the values; the
+scheduler resolves ``[core] executor`` to the fenced class and the ``[fenced_kubernetes_executor]``
+options the file sets (the real Airflow CLI reading the rendered airflow.cfg and the scheduler
+container's env); the pod-launcher RoleBinding binds the scheduler's service account to pods
+create/get/list/watch/patch/delete; >= 2 schedulers; the api-server and the worker pods run the
+project image. Stock values files must still render. The rollout and rollback steps of
+docs/helm.md (helm-values/rollout/*.yaml on top of fenced-production.yaml) must render too, and
+the chart rules that docs/helm.md relies on are pinned by rendering them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fenced_k8s_executor import names
+
+from helmrender import (
+    HELM_VALUES,
+    NAMESPACE,
+    RELEASE,
+    ROLLOUT,
+    ROOT,
+    STOCK_AIRFLOW_REPOSITORY,
+    RenderError,
+    env_of,
+    kind_image,
+    project_image,
+)
+
+yaml = pytest.importorskip("yaml")
+
+VALUES_FILES = sorted(HELM_VALUES.glob("*.yaml"))
+FENCED = [p for p in VALUES_FILES if p.name.startswith("fenced-")]
+STOCK = [p for p in VALUES_FILES if p.name.startswith("stock-")]
+KIND_FILES = [p for p in VALUES_FILES if p.name.endswith("-ha.yaml")]  # installed by kind-config/up.sh
+PRODUCTION = HELM_VALUES / "fenced-production.yaml"
+POD_VERBS = {"create", "get", "list", "watch", "patch", "delete"}
+FENCED_CLASS = names.EXECUTOR_CLASS_PATH
+SECTION = names.CONFIG_SECTION
+
+#: docs/helm.md section 4 and 5: (step, overlay on fenced-production.yaml or None, executor, mode).
+ROLLOUT_STEPS = [
+    ("1-package-only", ROLLOUT / "package-only.yaml", "KubernetesExecutor", None),
+    ("2-audit", None, FENCED_CLASS, "audit"),
+    ("3-enforce", ROLLOUT / "enforce.yaml", FENCED_CLASS, "enforce"),
+    ("rollback-mode-off", ROLLOUT / "mode-off.yaml", FENCED_CLASS, "off"),
+    ("rollback-stock", ROLLOUT / "package-only.yaml", "KubernetesExecutor", None),
+]
+
+
+def _ids(paths):
+    return [p.name for p in paths]
+
+
+@pytest.fixture(scope="session")
+def kind_secrets(tmp_path_factory) -> Path:
+    """A values file shaped like the secrets file kind-config/up.sh generates and passes."""
+    text = (ROOT / "kind-config" / "up.sh").read_text()
+    heredoc = re.search(r'cat >"\$\{SECRETS_FILE\}" <<YAML\n(.*?)\nYAML', text, re.DOTALL)
+    assert heredoc, "kind-config/up.sh no longer writes the secrets file this test mirrors"
+    keys = re.findall(r"^(\w+):", heredoc.group(1), re.MULTILINE)
+    assert keys
+    path = tmp_path_factory.mktemp("kind") / "secrets.yaml"
+    path.write_text("".join(f'{k}: "placeholder-{k}"\n' for k in keys))
+    return path
+
+
+@pytest.fixture
+def rendered_file(render, kind_secrets):
+    """Render a values file the way it is installed (kind files with up.sh's secrets file)."""
+
+    def _rendered(path: Path):
+        return render(path, kind_secrets) if path in KIND_FILES else render(path)
+
+    return _rendered
+
+
+def _check_scheduler_can_launch_pods(rendered):
+    scheduler = rendered.workload("scheduler")
+    account = scheduler["spec"]["template"]["spec"]["serviceAccountName"]
+    rendered.get("ServiceAccount", account)
+    binding = rendered.get("RoleBinding", f"{RELEASE}-pod-launcher-rolebinding")
+    subjects = {(s["kind"], s["name"], s.get("namespace")) for s in binding["subjects"] or []}
+    assert ("ServiceAccount", account, NAMESPACE) in subjects, (
+        f"the pod-launcher RoleBinding does not bind the scheduler's service account {account}: {subjects}"
+    )
+    role = rendered.get(binding["roleRef"]["kind"], binding["roleRef"]["name"])
+    verbs = set()
+    for rule in role["rules"]:
+        if "" in rule.get("apiGroups", []) and "pods" in rule.get("resources", []):
+            verbs |= set(rule["verbs"])
+    assert POD_VERBS <= verbs, f"{role['metadata']['name']} grants pods {sorted(verbs)}"
+
+
+def _check_images(rendered, values):
+    image = project_image(values)
+    assert not image.startswith(STOCK_AIRFLOW_REPOSITORY + ":"), f"images.airflow is the stock image {image}"
+    api = rendered.container("api-server")
+    assert api["image"] == image, f"api-server runs {api['image']}, not {image}"
+    for where, container in rendered.airflow_containers():
+        assert container["image"] == image, f"{where} runs {container['image']}, not {image}"
+    base = [c for c in rendered.pod_template()["spec"]["containers"] if c["name"] == "base"]
+    assert base and base[0]["image"] == image, f"worker pod template runs {base and base[0]['image']}"
+
+
+# --------------------------------------------------------------------------- every values file
+
+
+def test_values_files_are_classified():
+    assert FENCED and STOCK
+    assert set(FENCED) | set(STOCK) == set(VALUES_FILES), "name new values files fenced-* or stock-*"
+    assert PRODUCTION in FENCED
+
+
+@pytest.mark.parametrize("path", STOCK, ids=_ids(STOCK))
+def test_stock_values_render_and_load_the_stock_executor(path, rendered_file, airflow_config):
+    rendered = rendered_file(path)
+    resolved = airflow_config(rendered)
+    assert resolved["core.executor"] == "KubernetesExecutor"
+    _check_scheduler_can_launch_pods(rendered)
+
+
+@pytest.mark.parametrize("path", FENCED, ids=_ids(FENCED))
+def test_fenced_values_render(path, rendered_file):
+    rendered_file(path)  # raises RenderError with the chart's message
+
+
+@pytest.mark.parametrize("path", FENCED, ids=_ids(FENCED))
+def test_scheduler_loads_the_fenced_executor_with_the_intended_options(path, rendered_file, airflow_config):
+    rendered = rendered_file(path)
+    values = rendered.values
+    resolved = airflow_config(rendered)
+    assert resolved["core.executor"] == FENCED_CLASS
+    intended = values["config"][SECTION]
+    assert intended, f"{path.name} sets no [{SECTION}] options"
+    for option, value in intended.items():
+        assert resolved[f"{SECTION}.{option}"] == str(value), (
+            f"[{SECTION}] {option}: the scheduler resolves {resolved[f'{SECTION}.{option}']!r}, "
+            f"{path.name} says {value!r}"
+        )
+    # The executor's own parser accepts what Airflow hands it.
+    config = pytest.importorskip("fenced_k8s_executor.config")
+    config.parse({o: resolved[f"{SECTION}.{o}"] for o in intended})
+
+
+@pytest.mark.parametrize("path", FENCED, ids=_ids(FENCED))
+def test_scheduler_keeps_its_pod_rbac(path, rendered_file):
+    _check_scheduler_can_launch_pods(rendered_file(path))
+
+
+@pytest.mark.parametrize("path", FENCED + STOCK, ids=_ids(FENCED + STOCK))
+def test_ha_schedulers(path, rendered_file):
+    replicas = rendered_file(path).workload("scheduler")["spec"]["replicas"]
+    assert int(replicas) >= 2
+
+
+@pytest.mark.parametrize("path", FENCED + STOCK, ids=_ids(FENCED + STOCK))
+def test_api_server_and_workers_run_the_project_image(path, rendered_file, airflow_config):
+    rendered = rendered_file(path)
+    _check_images(rendered, rendered.values)
+    # Worker pods: the executor replaces the template's image with
+    # [kubernetes_executor] worker_container_repository:tag and reads the template it mounts.
+    resolved = airflow_config(rendered)
+    image = project_image(rendered.values)
+    worker = f"{resolved['kubernetes_executor.worker_container_repository']}:{resolved['kubernetes_executor.worker_container_tag']}"
+    assert worker == image, f"worker pods would run {worker}, not {image}"
+    mounts = {m["mountPath"] for m in rendered.container("scheduler").get("volumeMounts") or []}
+    assert resolved["kubernetes_executor.pod_template_file"] in mounts
+
+
+@pytest.mark.parametrize("path", KIND_FILES, ids=_ids(KIND_FILES))
+def test_kind_files_use_the_image_up_sh_builds(path):
+    values = yaml.safe_load(path.read_text())
+    assert project_image(values) == kind_image()
+    pod_template = values["images"]["pod_template"]
+    assert f"{pod_template['repository']}:{pod_template['tag']}" == kind_image()
+
+
+@pytest.mark.parametrize("path", VALUES_FILES, ids=_ids(VALUES_FILES))
+def test_no_manifest_points_at_the_absent_bundled_database(path, rendered_file):
+    """postgresql.enabled false: nothing may use the bundled <release>-postgresql host."""
+    rendered = rendered_file(path)
+    assert rendered.values.get("postgresql", {}).get("enabled") is False, f"{path.name}: use an external database"
+    assert rendered.values.get("data", {}).get("metadataSecretName")
+    host = re.compile(rf"\b{RELEASE}-postgresql\b")
+    texts = dict(rendered.secret_texts())
+    for cm in rendered.objects("ConfigMap"):
+        for key, value in (cm.get("data") or {}).items():
+            texts[f"configmap {cm['metadata']['name']}/{key}"] = str(value)
+    bad = sorted(where for where, text in texts.items() if host.search(text))
+    assert not bad, f"{path.name}: {bad} point at {RELEASE}-postgresql, which is not installed"
+
+
+# --------------------------------------------------------------------------- rollout and rollback
+
+
+@pytest.mark.parametrize(("step", "overlay", "executor", "mode"), ROLLOUT_STEPS, ids=[s[0] for s in ROLLOUT_STEPS])
+def test_rollout_steps_render_and_load_what_the_docs_say(step, overlay, executor, mode, render, airflow_config):
+    files = [PRODUCTION] + ([overlay] if overlay else [])
+    rendered = render(*files)
+    resolved = airflow_config(rendered)
+    assert resolved["core.executor"] == executor
+    if mode:
+        assert resolved[f"{SECTION}.mode"] == mode
+    _check_scheduler_can_launch_pods(rendered)
+    _check_images(rendered, rendered.values)
+
+
+def test_rollout_overlays_are_all_used():
+    used = {s[1] for s in ROLLOUT_STEPS if s[1]}
+    assert set(ROLLOUT.glob("*.yaml")) == used
+
+
+# --------------------------------------------------------------------------- what the route is made of
+
+
+@pytest.mark.parametrize("path", FENCED, ids=_ids(FENCED))
+def test_every_airflow_process_and_the_worker_pods_get_the_fenced_executor(path, rendered_file):
+    """The chart puts `env` on every Airflow container and on the worker pod template."""
+    rendered = rendered_file(path)
+    for where, container in rendered.airflow_containers():
+        if "log-groomer" in container["name"]:
+            continue  # shell loops, not Airflow processes: the chart gives them no `env`
+        assert env_of(container).get("AIRFLOW__CORE__EXECUTOR") == FENCED_CLASS, where
+    base = next(c for c in rendered.pod_template()["spec"]["containers"] if c["name"] == "base")
+    entries = [e.get("value") for e in base["env"] if e["name"] == "AIRFLOW__CORE__EXECUTOR"]
+    # The template's own entry (the chart's `executor`) comes first; the `env` entry is later and
+    # wins (Kubernetes keeps the last value of a repeated name).
+    assert entries == ["KubernetesExecutor", FENCED_CLASS], entries
+
+
+def test_config_core_executor_override_is_refused_by_the_chart(render):
+    """The old route: the chart's NOTES.txt guard fails the render (and `helm install`)."""
+    with pytest.raises(RenderError, match="Please configure the executor with `executor`"):
+        render(PRODUCTION, {"env": [], "config": {"core": {"executor": FENCED_CLASS}}})
+
+
+def test_class_path_in_executor_leaves_the_scheduler_unbound(render):
+    """The rejected alternative: the chart renders, but binds no pod RBAC to the scheduler."""
+    rendered = render(PRODUCTION, {"env": [], "executor": FENCED_CLASS})
+    with pytest.raises(AssertionError, match="does not bind the scheduler"):
+        _check_scheduler_can_launch_pods(rendered)
