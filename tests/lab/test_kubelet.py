@@ -1,4 +1,7 @@
-"""The process kubelet against the emulator with trivial `python -c` pods (a few seconds)."""
+"""The process kubelet with trivial `python -c` pods (a few seconds), against the emulator and a
+real kube-apiserver (the `kube_backend` fixture; the real one has no kubelet of its own, so pods
+are bound through pods/binding, reported through pods/status and finished by the process kubelet's
+grace-0 delete with a uid precondition). Fault and compaction tests run on the emulator only."""
 
 from __future__ import annotations
 
@@ -9,6 +12,22 @@ import pytest
 from fenced_k8s_executor.lab.kubelet import START_DELAY_ANNOTATION, LongTailDelay, read_records
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def emulator(kube):
+    """tests/lab/conftest.py's fixtures take `emulator`: here it is the backend under test, reset."""
+    return kube
+
+
+def _pod_log(api, backend, kubelet, name) -> str:
+    """pods/log on the emulator (it serves the kubelet's output file); the file itself on a real
+    apiserver, which would proxy pods/log to a kubelet on a Node object that does not exist."""
+    if backend.name == "emulator":
+        log = api.read_namespaced_pod_log(name, "default")
+        return log.decode() if isinstance(log, bytes) else log
+    rec = next(r for r in read_records(kubelet.records_path).values() if r["name"] == name and r["log_file"])
+    return open(rec["log_file"]).read()
 
 
 def _pod(name, code, grace=30, annotations=None):
@@ -40,7 +59,7 @@ def _phase(api, name):
         return e.status
 
 
-def test_pod_lifecycle_status_env_and_logs(kubelet, kube_api):
+def test_pod_lifecycle_status_env_and_logs(kubelet, kube_api, emulator):
     code = "import os; print(os.environ['GREETING'], os.environ['POD_NAME'], os.environ['APP'], os.environ['HOSTNAME'])"
     kube_api.create_namespaced_pod("default", _pod("ok", code))
     kube_api.create_namespaced_pod("default", _pod("bad", "import sys; sys.exit(3)"))
@@ -52,8 +71,10 @@ def test_pod_lifecycle_status_env_and_logs(kubelet, kube_api):
     assert (term.exit_code, term.reason) == (0, "Completed")
     bad = kube_api.read_namespaced_pod("bad", "default").status.container_statuses[0].state.terminated
     assert (bad.exit_code, bad.reason) == (3, "Error")
-    log = kube_api.read_namespaced_pod_log("ok", "default")
-    assert "hi ok lab ok" in (log.decode() if isinstance(log, bytes) else log)
+    _wait(lambda: "hi ok lab ok" in _pod_log(kube_api, emulator, kubelet, "ok"))
+    calls = {(a["verb"], a["name"], a["subresource"], a["code"]) for a in emulator.audit()
+             if a["who"] == "kubelet-lab-node"}
+    assert {("create", "ok", "binding", 201), ("patch", "ok", "status", 200)} <= calls
 
     recs = {r["name"]: r for r in read_records(kubelet.records_path).values()}
     assert recs["ok"]["exit_code"] == 0 and recs["ok"]["labels"] == {"app": "lab"}
@@ -101,7 +122,7 @@ def test_capacity_keeps_excess_pods_pending(kubelet_factory, kube_api):
     _wait(lambda: _phase(kube_api, "first") == "Succeeded" and _phase(kube_api, "second") == "Succeeded")
 
 
-def test_survives_watch_expiry_and_emulator_reset(kubelet_factory, kube_api, emulator):
+def test_survives_watch_expiry_and_emulator_reset(needs_faults, kubelet_factory, kube_api, emulator):
     kubelet = kubelet_factory(watch_timeout=2)
     emulator.compact()
     emulator.close_watches()
@@ -124,7 +145,7 @@ def test_long_tail_delay_is_seeded_and_capped():
     assert len(set(logn)) == 1 and 0 < logn[0] <= 30  # same seed, same first draw
 
 
-def test_retries_api_errors(kubelet, kube_api, emulator):
+def test_retries_api_errors(needs_faults, kubelet, kube_api, emulator):
     emulator.add_fault(method="PATCH", path=r"/status$", status=500, times=2)
     emulator.add_fault(method="POST", path=r"/binding$", status=503, times=1)
     kube_api.create_namespaced_pod("default", _pod("flaky", "print(1)"))
