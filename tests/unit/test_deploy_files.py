@@ -232,3 +232,14 @@ def test_up_sh_installs_the_values_files_unchanged():
     for flavour in ["stock", "fenced"]:
         assert (HELM_VALUES / f"{flavour}-ha.yaml").exists()
 
+
+DOCS = ["README.md", "docs/helm.md", "docs/kind.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_docs_do_not_recommend_the_refused_route(doc: str):
+    """config.core.executor different from `executor` does not render (chart NOTES.txt guard)."""
+    text = (ROOT / doc).read_text()
+    refused = re.compile(r"^\s*core:\s*\n\s+executor:\s*fenced_k8s_executor", re.MULTILINE)
+    assert not refused.search(text), f"{doc} shows config.core.executor set to the class path"
+    assert "1.22.0" not in text, f"{doc} still names the unverified chart 1.22.0"
