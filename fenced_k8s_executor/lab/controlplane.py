@@ -47,14 +47,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ControlPlane", "find_assets", "DEFAULT_ASSETS", "DEFAULT_USERS", "ADMIN"]
+__all__ = ["ControlPlane", "ExternalCluster", "Shared", "open_backend", "find_assets", "DEFAULT_ASSETS",
+           "DEFAULT_USERS", "ADMIN"]
 
 DEFAULT_ASSETS = Path(os.environ.get("HOME") or "/root") / ".cache" / "fenced-envtest" / "1.36.2"
 ADMIN = "admin"  # the fixture's own user (namespaces, reset); filtered out of nothing
+_LAB_ROLES = ["api-server", "dag-processor", "triggerer"] + [f"scheduler-{i}" for i in range(0, 201)]
 DEFAULT_USERS = (
     [ADMIN, "test", "kubelet", "conformance", "lab"]
     + [f"kubelet-{n}" for n in ("lab-node", "lab-node-2", "node-1", "node-2", "node-3", "node-4")]
-    + [f"scheduler-{i}" for i in range(1, 201)]
+    + _LAB_ROLES + [f"neighbour-{r}" for r in _LAB_ROLES[:13]]
     + [f"scheduler-{c}" for c in "abcd"]
 )
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
@@ -428,6 +430,15 @@ class ControlPlane:
         }
         return entry
 
+    def pods(self, namespace: str | None = None) -> list[dict]:
+        """The stored pods (all namespaces when namespace is None), as the emulator's `pods()`."""
+        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        items = (self._api("GET", path) or {}).get("items", [])
+        return [{"kind": "Pod", "apiVersion": "v1", **p} for p in items]
+
+    def pod(self, namespace: str, name: str) -> dict | None:
+        return self._api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}", ok=(404,))
+
     # -- emulator-only controls
     def _unsupported(self, *_: Any, **__: Any) -> Any:
         raise NotImplementedError("the real kube-apiserver has no on-demand faults, compaction, watch closing "
@@ -444,6 +455,146 @@ class ControlPlane:
     def summary(self) -> dict:
         return {"url": self.url, "pids": self.pids, "startup_seconds": self.startup_seconds,
                 "audit": len(self._audit_entries) - self._audit_base}
+
+
+class ExternalCluster:
+    """An existing cluster (e.g. kind) named by a kubeconfig, behind the backend interface.
+
+    Kubeconfigs written for the lab reuse the file's credentials (tokens cannot be minted, so
+    every lab process is the same caller) with the namespace changed; no audit log is readable
+    (`audit()` is empty, so audit-based lab figures read 0) and there are no faults."""
+
+    name = "external"
+    supports_faults = False
+
+    def __init__(self, kubeconfig: str | os.PathLike, context: str | None = None):
+        import yaml
+
+        self.path = Path(kubeconfig).expanduser().resolve()
+        self.config = yaml.safe_load(self.path.read_text())
+        self.context = context or self.config.get("current-context")
+        ctx = next((c for c in self.config.get("contexts") or [] if c["name"] == self.context), None)
+        if ctx is None:
+            raise ValueError(f"{self.path}: no context {self.context!r}")
+        cluster = next(c for c in self.config["clusters"] if c["name"] == ctx["context"]["cluster"])
+        self.url = cluster["cluster"]["server"]
+        self._core = None
+        self._namespaces: set[str] = set()
+
+    def _v1(self):
+        if self._core is None:
+            from kubernetes import client, config
+
+            self._core = client.CoreV1Api(config.new_client_from_config(config_file=str(self.path),
+                                                                        context=self.context))
+        return self._core
+
+    def start(self) -> "ExternalCluster":
+        self._v1().get_api_resources()  # fail early when the cluster is unreachable
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def write_kubeconfig(self, path: str | os.PathLike, token: str | None = None, namespace: str = "default") -> str:
+        cfg = json.loads(json.dumps(self.config, default=str))
+        base = self.path.parent
+        for section, keys in (("clusters", ("certificate-authority",)),
+                              ("users", ("client-certificate", "client-key", "tokenFile"))):
+            for entry in cfg.get(section) or []:
+                inner = entry.get(section[:-1]) or {}
+                for key in keys:
+                    if inner.get(key) and not os.path.isabs(inner[key]):
+                        inner[key] = str(base / inner[key])
+        cfg["current-context"] = self.context
+        for c in cfg.get("contexts") or []:
+            if c["name"] == self.context:
+                c["context"]["namespace"] = namespace
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(cfg, fh, indent=2)
+        os.chmod(path, 0o600)
+        return path
+
+    def set_tokens(self, mapping: dict[str, str]) -> None:
+        pass
+
+    def ensure_namespace(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        self._namespaces.add(name)
+        try:
+            self._v1().create_namespace({"metadata": {"name": name}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def pods(self, namespace: str | None = None) -> list[dict]:
+        v1 = self._v1()
+        resp = (v1.list_namespaced_pod(namespace, _preload_content=False) if namespace
+                else v1.list_pod_for_all_namespaces(_preload_content=False))
+        return [{"kind": "Pod", "apiVersion": "v1", **p} for p in json.loads(resp.data).get("items", [])]
+
+    def audit(self, since: int = 0) -> list[dict]:
+        return []
+
+    def reset(self) -> None:
+        """Delete the pods of the namespaces the lab made sure of (grace 0), nothing else."""
+        from kubernetes.client.exceptions import ApiException
+
+        for ns in sorted(self._namespaces):
+            for pod in self.pods(ns):
+                try:
+                    self._v1().delete_namespaced_pod(pod["metadata"]["name"], ns, body={"gracePeriodSeconds": 0})
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+
+    def clear_faults(self, fault_id: int | None = None) -> None:
+        pass
+
+    def faults(self) -> list[dict]:
+        return []
+
+    def _unsupported(self, *_: Any, **__: Any) -> Any:
+        raise NotImplementedError("an external cluster has no on-demand faults, compaction or watch closing")
+
+    add_fault = compact = close_watches = bookmark = append_log = set_log = set_log_file = _unsupported
+
+
+class Shared:
+    """A backend lent to code that starts and stops what it is given (the lab runner, once per
+    run): start() resets it (pods of earlier runs deleted, audit view restarted), stop() does nothing."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def start(self) -> Any:
+        self._backend.reset()
+        return self
+
+    def stop(self) -> None:
+        pass
+
+
+def open_backend(kind: str = "emulator", kubeconfig: str | os.PathLike | None = None) -> Any:
+    """A started backend: "emulator" (in-process), "real" (etcd + kube-apiserver from the envtest
+    assets), or an existing cluster when `kubeconfig` is given. The caller stops it."""
+    if kubeconfig:
+        return ExternalCluster(kubeconfig).start()
+    if kind == "real":
+        return ControlPlane().start()
+    if kind == "emulator":
+        from .kubeapi import Emulator
+
+        emu = Emulator()
+        emu.start()
+        return emu
+    raise ValueError(f"unknown Kubernetes backend {kind!r} (emulator, real)")
 
 
 def main(argv: list[str] | None = None) -> int:
