@@ -1,7 +1,12 @@
-"""Executor integration harness: real PostgreSQL (migrated Airflow schema), the Kubernetes API
-emulator over HTTP, the real kubernetes client and real executors (stock or fenced) with their
-watcher processes. The test plays the scheduler: it writes rows the way the scheduler does and
-calls the executor's hooks in the order a race needs.
+"""Executor integration harness: real PostgreSQL (migrated Airflow schema), a real Kubernetes API
+(the emulator, or a real kube-apiserver: ``kube_backend``), the real kubernetes client and real
+executors (stock or fenced) with their watcher processes.
+
+Every metadata change goes through airflow-core's own code (``fenced_k8s_executor.lab.core``):
+DAG files parsed and serialized like the dag-processor does, runs from the serialized DAG,
+scheduling, queueing (which pre-assigns the launch token), stuck-in-queued, orphan adoption,
+executor events and clears by the scheduler's own functions, the worker's calls through the
+execution API routes. The test plays the kubelet (pod status) and picks the order of the steps.
 """
 
 from __future__ import annotations
@@ -9,112 +14,146 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pytest
 
-from fenced_k8s_executor.lab import seed
+from fenced_k8s_executor.lab.core import Airflow, Row, Scheduler, our_deployment
 from fenced_k8s_executor.lab.stack import POD_TEMPLATE, STOCK_EXECUTOR
 from fenced_k8s_executor.names import EXECUTOR_CLASS_PATH
 
 JWT_SECRET = "integration-jwt-secret-" + "x" * 48
+KINDS = ["stock", "fenced"]
 
 
 @pytest.fixture(scope="session")
-def metadata_db(pg_server):
+def metadata_db(pg_server, tmp_path_factory):
     """One migrated metadata DB for the session, with this process's Airflow ORM pointed at it."""
     from fenced_k8s_executor.lab.postgres import airflow_db_env, new_airflow_db
 
     url = new_airflow_db(pg_server)
     os.environ.update(airflow_db_env(url))
     os.environ["AIRFLOW__API_AUTH__JWT_SECRET"] = JWT_SECRET
+    dags = tmp_path_factory.mktemp("dags")
+    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
+    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
     from airflow import settings
     from airflow.configuration import conf
 
     conf.set("database", "sql_alchemy_conn", url)
+    conf.set("core", "dags_folder", str(dags))
     settings.configure_vars()
     settings.reconfigure_orm()
     import sqlalchemy as sa
 
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    engine.dags_folder = dags
     yield engine
     engine.dispose()
 
 
-@dataclass
-class TIRef:
-    """What the scheduler hands to revoke/adopt: a TaskInstance's identity and launch fields."""
+@pytest.fixture(scope="session")
+def airflow(metadata_db):
+    driver = Airflow(metadata_db.dags_folder)
+    yield driver
+    driver.close()
 
-    ti: seed.SeededTI
-    queued_by_job_id: int | None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.ti, name)
+def _executor_class(kind: str) -> type:
+    import importlib
 
-    @property
-    def external_executor_id(self) -> str | None:
-        return self.ti.token
-
-    @property
-    def executor_config(self) -> dict:
-        return {}
-
-    @property
-    def key(self):
-        from airflow.models.taskinstancekey import TaskInstanceKey
-
-        return TaskInstanceKey(self.ti.dag_id, self.ti.task_id, self.ti.run_id, self.ti.try_number, self.ti.map_index)
+    module, _, name = (STOCK_EXECUTOR if kind == "stock" else EXECUTOR_CLASS_PATH).rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass
 class World:
-    """One test's DAG run, namespace, kube client and executors."""
+    """One test's DAG, run(s), namespace, kube client and schedulers."""
 
     engine: Any
-    emulator: Any
+    airflow: Airflow
+    backend: Any
     namespace: str
     kube: Any
     dag_id: str
     run_id: str
-    dag_version_id: str
-    started: list
+    tmp_path: Any
+    monkeypatch: Any
+    schedulers: list = field(default_factory=list)
+    _users: int = 0
 
-    def ref(self, ti: seed.SeededTI, queued_by_job_id: int | None) -> TIRef:
-        return TIRef(ti, queued_by_job_id)
+    @property
+    def emulator(self):  # the name older tests use for the Kubernetes API under test
+        return self.backend
 
-    def tis(self, *task_ids: str, job_id: int | None, with_token: bool = True) -> list[seed.SeededTI]:
-        return seed.insert_tis(
-            self.engine, self.dag_id, self.run_id, self.dag_version_id, task_ids,
-            queued_by_job_id=job_id, with_token=with_token,
-        )
+    # ---------------------------------------------------------------- airflow-core
 
-    def workload(self, ti: seed.SeededTI):
-        from pathlib import Path
+    def row(self, task_id: str, run_id: str | None = None) -> Row:
+        return self.airflow.row(self.dag_id, task_id, run_id or self.run_id)
 
-        from airflow.executors.workloads import BundleInfo, ExecuteTask
-        from airflow.executors.workloads.task import TaskInstanceDTO
+    def new_run(self) -> str:
+        return self.airflow.create_run(self.dag_id)
 
-        dto = TaskInstanceDTO(
-            id=uuid.UUID(ti.id), task_id=ti.task_id, dag_id=ti.dag_id, run_id=ti.run_id,
-            try_number=ti.try_number, map_index=ti.map_index, dag_version_id=uuid.UUID(ti.dag_version_id),
-            pool_slots=1, priority_weight=1, queue="default", external_executor_id=ti.token,
-        )
-        return ExecuteTask(
-            ti=dto, dag_rel_path=Path(f"{ti.dag_id}.py"), bundle_info=BundleInfo(name=seed.BUNDLE),
-            token="stock-workload-token", log_path=None,
-        )
+    def scheduler(self, kind: str, *, start: bool = True, batch_size: int = 8, **options: str) -> Scheduler:
+        """A scheduler (real Job row + SchedulerJobRunner) around a stock or fenced executor.
 
-    def queue(self, executor, ti: seed.SeededTI) -> None:
-        """The scheduler's hand-off: queue_workload, then the heartbeat's trigger_tasks."""
-        executor.queue_workload(self.workload(ti), session=None)
-        executor.trigger_tasks(open_slots=64)
+        ``options`` are ``[fenced_kubernetes_executor]`` options. ``start=False`` leaves the
+        executor unstarted: enough to queue (pre-assign tokens) for a scheduler that dies."""
+        self._users += 1
+        user = f"scheduler-{self._users}"
+        kc = self.backend.write_kubeconfig(str(self.tmp_path / f"{user}.kubeconfig"), token=user,
+                                           namespace=self.namespace)
+        self.backend.set_tokens({user: user, "test": "test"})
+        self.monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE", kc)
+        self.monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE", str(batch_size))
+        before = {}
+        for name, value in options.items():
+            var = f"AIRFLOW__FENCED_KUBERNETES_EXECUTOR__{name.upper()}"
+            before[var] = os.environ.get(var)
+            self.monkeypatch.setenv(var, str(value))
+        job = Scheduler.new_job()
+        executor = _executor_class(kind)()
+        executor.job_id = job.id
+        sched = Scheduler(job, [executor])
+        sched.user = user
+        sched.kind = kind
+        self.schedulers.append(sched)
+        if start:
+            executor.start()
+        for var, value in before.items():  # options apply to this scheduler only
+            if value is None:
+                self.monkeypatch.delenv(var)
+            else:
+                self.monkeypatch.setenv(var, value)
+        return sched
 
-    def pods(self, ti: seed.SeededTI | None = None) -> list:
+    def queue(self, sched: Scheduler, run_id: str | None = None, *, trigger: bool = True) -> int:
+        """One scheduler loop for the run: schedule, enqueue (token), trigger (task queue)."""
+        return sched.queue(self.dag_id, run_id or self.run_id, trigger=trigger)
+
+    def requeue_stuck(self, sched: Scheduler, *, trigger: bool = True) -> int:
+        """Stuck in queued (revoke, back to SCHEDULED: same id and try), queued again by ``sched``."""
+        return sched.requeue_stuck(self.dag_id, self.run_id, trigger=trigger)
+
+    def kill(self, sched: Scheduler) -> None:
+        """The scheduler stops heartbeating; its peers' orphan check fails it once
+        ``[scheduler] scheduler_health_check_threshold`` (1 s here) has passed."""
+        time.sleep(1.2)
+
+    def ref(self, row: Row):
+        return row
+
+    # ---------------------------------------------------------------- Kubernetes
+
+    def pods(self, row: Row | None = None) -> list:
         pods = self.kube.list_namespaced_pod(self.namespace).items
-        if ti is not None:
-            pods = [p for p in pods if (p.metadata.annotations or {}).get("task_id") == ti.task_id]
+        if row is not None:
+            pods = [p for p in pods if (p.metadata.annotations or {}).get("task_id") == row.task_id]
         return pods
+
+    def live_pods(self, row: Row | None = None) -> list:
+        return [p for p in self.pods(row) if not p.metadata.deletion_timestamp]
 
     def sync_until(self, executor, predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -132,9 +171,18 @@ class World:
             executor.sync()
             time.sleep(0.2)
 
+    def bind(self, name: str) -> None:
+        self.kube.create_namespaced_pod_binding(
+            name, self.namespace, {"target": {"kind": "Node", "name": "lab-node"}, "metadata": {"name": name}},
+            _preload_content=False,
+        )
+
     def set_pod_phase(self, name: str, phase: str, *, reason: str | None = None, container_reason: str | None = None,
                       exit_code: int = 1) -> None:
-        """Play the kubelet: report a terminal or running phase on the pod's status."""
+        """Play the kubelet: bind the pod if needed and report a phase on its status."""
+        pod = self.kube.read_namespaced_pod(name, self.namespace)
+        if not pod.spec.node_name:
+            self.bind(name)
         state: dict = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
         if phase in ("Failed", "Succeeded"):
             state = {"terminated": {"exitCode": 0 if phase == "Succeeded" else exit_code,
@@ -144,38 +192,82 @@ class World:
                                                   "imageID": "", "state": state}]}}
         self.kube.patch_namespaced_pod_status(name, self.namespace, body)
 
-    def stale_pod(self, ti: seed.SeededTI, token: str, *, job_id: int, phase: str = "Pending", name: str | None = None,
-                  container_reason: str | None = None) -> str:
-        """A pod a (fenced) scheduler created earlier for launch ``token`` of ``ti``."""
+    def pod_of(self, row: Row, token: str | None = None) -> str:
+        """The name of the (one) live pod of ``row``'s task, or of launch ``token``."""
+        from fenced_k8s_executor.names import TOKEN_ANNOTATION
+
+        names = [p.metadata.name for p in self.live_pods(row)
+                 if token is None or (p.metadata.annotations or {}).get(TOKEN_ANNOTATION) == token]
+        assert len(names) == 1, names
+        return names[0]
+
+    def stale_pod(self, row: Row, token: str, *, sched: Scheduler, phase: str = "Pending", name: str | None = None,
+                  container_reason: str | None = None, deployment: str | None = None) -> str:
+        """A pod the fenced executor of ``sched`` made earlier for launch ``token`` of ``row``
+        (a launch whose pod no watcher reported, e.g. created after its revoke)."""
         from fenced_k8s_executor.launch import LaunchIdentity
 
-        launch = LaunchIdentity(ti_id=ti.id, token=token, try_number=ti.try_number, scheduler_job_id=str(job_id))
-        name = name or f"{ti.task_id.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
-        labels = {"kubernetes_executor": "True", "airflow-worker": str(job_id), "dag_id": ti.dag_id,
-                  "task_id": ti.task_id, "try_number": str(ti.try_number), "run_id": ti.run_id, **launch.labels()}
-        annotations = {"dag_id": ti.dag_id, "task_id": ti.task_id, "try_number": str(ti.try_number),
-                       "run_id": ti.run_id, **launch.annotations()}
+        launch = _launch(row, token, sched.job_id, deployment or our_deployment())
+        name = name or f"{row.task_id.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
+        labels = {"kubernetes_executor": "True", "airflow-worker": str(sched.job_id), "dag_id": row.dag_id,
+                  "task_id": row.task_id, "try_number": str(row.try_number), "run_id": row.run_id,
+                  **launch.labels()}
+        annotations = {"dag_id": row.dag_id, "task_id": row.task_id, "try_number": str(row.try_number),
+                       "run_id": row.run_id, **launch.annotations()}
+        assert isinstance(launch, LaunchIdentity)
         body = {"metadata": {"name": name, "labels": labels, "annotations": annotations},
                 "spec": {"restartPolicy": "Never", "containers": [{"name": "base", "image": "x"}]}}
         self.kube.create_namespaced_pod(self.namespace, body)
         if phase != "Pending":
-            self.kube.create_namespaced_pod_binding(
-                name, self.namespace, {"target": {"kind": "Node", "name": "lab-node"}, "metadata": {"name": name}},
-                _preload_content=False,
-            )
             self.set_pod_phase(name, phase, container_reason=container_reason)
         return name
 
-    def deletes_by(self, who: str) -> list[dict]:
-        return [e for e in self.emulator.audit() if e.get("verb") == "delete" and e.get("who") == who]
+    def audit(self) -> list[dict]:
+        return self.backend.audit()
+
+    def deletes_by(self, who: str | Scheduler) -> list[dict]:
+        user = who.user if isinstance(who, Scheduler) else who
+        deadline = time.monotonic() + (2.0 if self.backend.name == "real" else 0)
+        while True:  # the real apiserver's audit log is written when the response completes
+            found = [e for e in self.backend.audit() if e.get("verb") == "delete" and e.get("who") == user
+                     and e.get("resource", "pods") == "pods"]
+            if found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.2)
+
+
+def _launch(row: Row, token: str, job_id: int, deployment: str | None):
+    import dataclasses
+
+    from fenced_k8s_executor.launch import LaunchIdentity
+
+    fields = {f.name for f in dataclasses.fields(LaunchIdentity)}
+    extra = {}
+    if "dag_id" in fields:
+        extra.update(dag_id=row.dag_id, task_id=row.task_id, run_id=row.run_id, map_index=row.map_index)
+    if "deployment" in fields and deployment:
+        extra["deployment"] = deployment
+    return LaunchIdentity(ti_id=row.id, token=token, try_number=row.try_number, scheduler_job_id=str(job_id),
+                          **extra)
 
 
 @pytest.fixture
-def world(metadata_db, emulator, tmp_path, monkeypatch):
+def kube_api(kube_backend):
+    """The backend under test, reset for this test."""
+    kube_backend.reset()
+    yield kube_backend
+    kube_backend.clear_faults()
+
+
+@pytest.fixture
+def world(metadata_db, airflow, kube_api, tmp_path, monkeypatch, request):
     from kubernetes import client, config
 
+    backend = kube_api
     namespace = f"t-{uuid.uuid4().hex[:8]}"
-    test_kc = emulator.write_kubeconfig(str(tmp_path / "test.kubeconfig"), token="test", namespace=namespace)
+    backend.ensure_namespace(namespace)
+    test_kc = backend.write_kubeconfig(str(tmp_path / "test.kubeconfig"), token="test", namespace=namespace)
+    backend.set_tokens({"test": "test"})
     kube = client.CoreV1Api(config.new_client_from_config(config_file=test_kc))
     template = tmp_path / "pod_template.yaml"
     template.write_text(POD_TEMPLATE)
@@ -188,48 +280,28 @@ def world(metadata_db, emulator, tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__TASK_PUBLISH_MAX_RETRIES", "-1")
     monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS", '{"_request_timeout": [5, 3]}')
     monkeypatch.setenv("AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL", "3600")
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", "1")
     monkeypatch.setenv("AIRFLOW__FENCED_KUBERNETES_EXECUTOR__SWEEP_INTERVAL", "0")
+    marker = request.node.get_closest_marker("tasks")
+    task_ids = list(marker.args) if marker else ["t1"]
     dag_id = f"race_{uuid.uuid4().hex[:8]}"
-    version = seed.seed_dag(metadata_db, dag_id)
-    run_id = "manual__race"
-    seed.seed_run(metadata_db, dag_id, run_id, version)
-    w = World(metadata_db, emulator, namespace, kube, dag_id, run_id, version, [])
-    w.tmp_path = tmp_path
-    w.monkeypatch = monkeypatch
+    airflow.add_dag(dag_id, task_ids, **(marker.kwargs if marker else {}))
+    run_id = airflow.create_run(dag_id)
+    w = World(metadata_db, airflow, backend, namespace, kube, dag_id, run_id, tmp_path, monkeypatch)
     yield w
-    for executor in w.started:
-        try:
-            executor.end()
-        except Exception:
-            pass
-
-
-def _executor_class(kind: str) -> type:
-    import importlib
-
-    module, _, name = (STOCK_EXECUTOR if kind == "stock" else EXECUTOR_CLASS_PATH).rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    for sched in w.schedulers:
+        sched.stop()
+    airflow.retire(dag_id)  # its leftover TIs must not reach the next test's schedulers
 
 
 @pytest.fixture
-def make_executor(world):
-    """make_executor(kind, job_id, **fenced_options) -> a started stock or fenced executor."""
-    def make(kind: str, job_id: int, batch_size: int = 8, **options: str):
-        kc = world.emulator.write_kubeconfig(
-            str(world.tmp_path / f"scheduler-{job_id}.kubeconfig"), token=f"scheduler-{job_id}", namespace=world.namespace
-        )
-        world.emulator.set_tokens({f"scheduler-{job_id}": f"scheduler-{job_id}", "test": "test"})
-        world.monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE", kc)
-        world.monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE", str(batch_size))
-        for name, value in options.items():
-            world.monkeypatch.setenv(f"AIRFLOW__FENCED_KUBERNETES_EXECUTOR__{name.upper()}", str(value))
-        executor = _executor_class(kind)()
-        executor.job_id = job_id
-        executor.start()
-        world.started.append(executor)
-        return executor
+def needs_emulator(kube_api):
+    if not kube_api.supports_faults:
+        pytest.skip("needs emulator-only controls (faults, compaction, close_watches); the real apiserver has none")
 
-    return make
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "tasks(*task_ids, retries=2): the task ids of the test's DAG")
 
 
 def pytest_collection_modifyitems(items):
