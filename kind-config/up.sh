@@ -146,7 +146,7 @@ case "${FLAVOUR}" in
   stock)  WANT_EXECUTOR="KubernetesExecutor" ;;
 esac
 GOT_EXECUTOR="$(kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" exec "deploy/${RELEASE}-scheduler" -c scheduler -- \
-  airflow config get-value core executor 2>/dev/null | tail -n 1)"
+  airflow config get-value core executor 2>/dev/null | tail -n 1 || true)"
 [[ "${GOT_EXECUTOR}" == "${WANT_EXECUTOR}" ]] || {
   echo "up.sh: the scheduler loads executor '${GOT_EXECUTOR}', expected '${WANT_EXECUTOR}'" >&2; exit 1; }
 SCHEDULER_SA="$(kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" get "deploy/${RELEASE}-scheduler" \
