@@ -1,17 +1,21 @@
 """Collect a run's evidence for ``measure``: the DB (a trigger-fed change log of task_instance,
 final rows, history), the kubelet's pod records and outputs, the API audit log, the api-server's
-/run responses and the schedulers' fence decision lines."""
+/run responses, the schedulers' fence decision lines and the schedulers' own executor gauges
+(Airflow's statsd metrics, received by ``GaugeListener``)."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from fenced_k8s_executor.lab.dags import TASK_MARK
+from fenced_k8s_executor.lab.dags import FAIL_MARK, TASK_MARK
 from fenced_k8s_executor.lab.measure import RUN_PATH, Evidence, stale_exit_reason
 
 #: Every change of a task_instance row that matters for launches, with a wall-clock timestamp
@@ -20,7 +24,8 @@ CHANGE_LOG_DDL = """
 CREATE TABLE lab_ti_log (
     seq bigserial PRIMARY KEY,
     ts double precision NOT NULL DEFAULT extract(epoch from clock_timestamp()),
-    ti_id uuid NOT NULL, op text NOT NULL, state text, try_number int, token text, queued_by int
+    ti_id uuid NOT NULL, op text NOT NULL, state text, try_number int, token text, queued_by int,
+    task_id text
 );
 CREATE FUNCTION lab_ti_log_fn() RETURNS trigger AS $$
 BEGIN
@@ -33,8 +38,8 @@ BEGIN
   END IF;
   IF TG_OP = 'INSERT' OR OLD.id <> NEW.id OR OLD.state IS DISTINCT FROM NEW.state
      OR OLD.external_executor_id IS DISTINCT FROM NEW.external_executor_id THEN
-    INSERT INTO lab_ti_log(ti_id, op, state, try_number, token, queued_by)
-    VALUES (NEW.id, TG_OP, NEW.state, NEW.try_number, NEW.external_executor_id, NEW.queued_by_job_id);
+    INSERT INTO lab_ti_log(ti_id, op, state, try_number, token, queued_by, task_id)
+    VALUES (NEW.id, TG_OP, NEW.state, NEW.try_number, NEW.external_executor_id, NEW.queued_by_job_id, NEW.task_id);
   END IF;
   RETURN NEW;
 END $$ LANGUAGE plpgsql;
@@ -63,7 +68,8 @@ def read_db(db_url: str) -> tuple[list[dict], list[dict], list[dict]]:
     engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
-            log = _rows(conn, "SELECT ts, ti_id::text AS ti_id, op, state FROM lab_ti_log ORDER BY seq")
+            log = _rows(conn, "SELECT ts, ti_id::text AS ti_id, op, state, try_number, task_id FROM lab_ti_log"
+                              " ORDER BY seq")
             tis = _rows(conn, "SELECT id::text AS id, dag_id, task_id, run_id, map_index, try_number, state,"
                               " hostname FROM task_instance")
             history = _rows(conn, "SELECT task_instance_id::text AS ti_id, dag_id, task_id, run_id, map_index,"
@@ -73,9 +79,11 @@ def read_db(db_url: str) -> tuple[list[dict], list[dict], list[dict]]:
     return log, tis, history
 
 
-def pod_evidence(records: dict[str, dict]) -> list[dict]:
+def pod_evidence(records: dict[str, dict], skip: set[str] = frozenset()) -> list[dict]:
     pods = []
     for record in records.values():
+        if record["name"] in skip:
+            continue
         output = ""
         if record.get("log_file") and Path(record["log_file"]).exists():
             output = Path(record["log_file"]).read_text(errors="replace")
@@ -91,7 +99,8 @@ def pod_evidence(records: dict[str, dict]) -> list[dict]:
             "finished": record.get("finished_at") or record.get("deleted_at"),
             "exit_code": record.get("exit_code"),
             "output_stale_exit": stale_exit_reason(output),
-            "ran_task": f"{TASK_MARK} {record['name']}" in output,
+            "ran_task": f"{TASK_MARK} {record['name']} " in output,
+            "failed_on_purpose": f"{FAIL_MARK} {record['name']} " in output,
         })
     return pods
 
@@ -128,19 +137,111 @@ def scheduler_deletes(audit: list[dict]) -> list[dict]:
     ]
 
 
+def pod_creators(audit: list[dict]) -> dict[str, str]:
+    """Pod name -> the caller whose create stored it (from the API audit log)."""
+    return {entry["name"]: entry["who"] for entry in audit
+            if entry.get("verb") == "create" and entry.get("resource") == "pods" and not entry.get("subresource")
+            and entry.get("name") and entry.get("code") in (200, 201)}
+
+
+def cross_deletes(audit: list[dict], foreign_prefix: str) -> list[dict]:
+    """Pod deletions across two deployments sharing a namespace: who deleted a pod the other
+    deployment created. Callers named ``<foreign_prefix>...`` are the neighbour deployment."""
+    creators = pod_creators(audit)
+    out = []
+    for entry in audit:
+        if entry.get("verb") != "delete" or entry.get("resource") != "pods" or entry.get("code") not in (200, 202):
+            continue
+        creator, who = creators.get(entry.get("name") or ""), str(entry.get("who", ""))
+        if creator is None or not (who.startswith("scheduler") or who.startswith(foreign_prefix)):
+            continue
+        if who.startswith(foreign_prefix) != creator.startswith(foreign_prefix):
+            out.append({"ts": entry["ts"], "who": who, "name": entry["name"], "creator": creator})
+    return out
+
+
+class GaugeListener:
+    """A statsd listener on 127.0.0.1 (UDP) that keeps the latest value of each gauge per sender.
+
+    Every Airflow process sends from its own socket, so one sender address is one process: the
+    scheduler's ``executor.running_tasks`` / ``executor.open_slots`` gauges (emitted by Airflow's
+    ``BaseExecutor.heartbeat`` from ``len(executor.running)``) give each scheduler's own count of
+    occupied executor slots, whatever the executor class does with its pods.
+    """
+
+    GAUGES = ("executor.running_tasks", "executor.open_slots", "executor.queued_tasks")
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.5)
+        self.port = self.sock.getsockname()[1]
+        self.latest: dict[str, dict] = {}  # sender -> {gauge: value, "ts": last gauge time}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lab-statsd", daemon=True)
+
+    def env(self, prefix: str = "airflow") -> dict[str, str]:
+        return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(self.port), "AIRFLOW__METRICS__STATSD_PREFIX": prefix}
+
+    def start(self) -> "GaugeListener":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, addr = self.sock.recvfrom(65535)
+            except OSError:
+                continue
+            for line in data.decode(errors="replace").splitlines():
+                self.feed(f"{addr[0]}:{addr[1]}", line, time.time())
+
+    def feed(self, sender: str, line: str, ts: float) -> None:
+        name, _, rest = line.partition(":")
+        value, _, kind = rest.partition("|")
+        if not kind.startswith("g"):
+            return
+        for gauge in self.GAUGES:  # "<prefix>.executor.running_tasks[.<ExecutorClass>]"
+            if f".{gauge}" in f".{name}":
+                try:
+                    number = float(value)
+                except ValueError:
+                    return
+                entry = self.latest.setdefault(sender, {})
+                entry[gauge], entry["ts"] = number, ts
+                entry[f"{gauge}.peak"] = max(number, entry.get(f"{gauge}.peak", number))
+
+    def snapshot(self) -> list[dict]:
+        return [{"sender": sender, **values} for sender, values in sorted(self.latest.items())]
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        self.sock.close()
+
+
 def collect(*, db_url: str, kubelet_records: dict[str, dict], audit: list[dict], log_dir: Path,
-            wall_seconds: float, faults: list[dict]) -> Evidence:
+            wall_seconds: float, faults: list[dict], gauges: list[dict] | None = None,
+            cleared: list[dict] | None = None, foreign_prefix: str | None = None) -> Evidence:
     log, tis, history = read_db(db_url)
+    foreign = {name for name, who in pod_creators(audit).items()
+               if foreign_prefix and who.startswith(foreign_prefix)}
     return Evidence(
         ti_log=log,
         tis=tis,
         history=history,
-        pods=pod_evidence(kubelet_records),
+        pods=pod_evidence(kubelet_records, skip=foreign),
         run_calls=run_calls(log_dir / "api-server.log"),
         deletes=scheduler_deletes(audit),
         decisions=decisions(sorted(log_dir.glob("scheduler-*.log"))),
         wall_seconds=wall_seconds,
         faults=faults,
+        gauges=gauges,
+        collected_at=time.time(),
+        cleared=cleared or [],
+        cross_deletes=cross_deletes(audit, foreign_prefix) if foreign_prefix else None,
     )
 
 

@@ -6,6 +6,11 @@ Executor-agnostic on purpose: the same rules judge the stock and the fenced exec
 are told apart as well as ours. A pod belongs to the latest launch of its TI id before the pod
 was created; it is *superseded* from the next launch of that id, or from the moment the id
 disappears (clear, retry, reset), whichever comes first.
+
+Two measurements do not come from the launch log and so cannot be fooled by the fences: leaked
+executor slots come from each live scheduler's own ``executor.running_tasks`` gauge (Airflow's
+``BaseExecutor`` statsd metrics) at the end of the run, and deletions of another deployment's
+pods come from the API audit (who created and who deleted each pod).
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 TERMINAL = {"success", "failed", "skipped", "upstream_failed", "removed"}
+#: TI states in which a TI legitimately holds an executor slot.
+HOLDS_SLOT = {"queued", "running", "restarting"}
+#: A scheduler whose gauges are older than this at collection time is gone (killed) and not counted.
+GAUGE_FRESH_SECONDS = 20.0
 STALE_EXIT_MARK = "stale executor launch: not running the task"
 RUN_PATH = re.compile(r"/execution/task-instances/([0-9a-f-]{36})/run")
 
@@ -25,15 +34,22 @@ RUN_PATH = re.compile(r"/execution/task-instances/([0-9a-f-]{36})/run")
 class Evidence:
     """What one executor run left behind (plain data; see ``lab/evidence.py`` for collection)."""
 
-    ti_log: list[dict]  # {ts, ti_id, op: INSERT|UPDATE|gone|delete, state}
+    ti_log: list[dict]  # {ts, ti_id, op: INSERT|UPDATE|gone|delete, state, try_number, task_id}
     tis: list[dict]  # final task_instance rows {id, dag_id, task_id, run_id, map_index, try_number, state}
     history: list[dict]  # task_instance_history rows {ti_id, dag_id, task_id, run_id, map_index, try_number, state}
-    pods: list[dict]  # {name, ti_id, try_number, created, started, finished, exit_code, output_stale_exit}
+    pods: list[dict]  # {name, ti_id, task_id, try_number, created, started, finished, exit_code,
+    #                    output_stale_exit, ran_task, failed_on_purpose}
     run_calls: list[dict]  # api-server /run responses {ti_id, status}
     deletes: list[dict]  # scheduler deletes from the API audit {ts, who, name}
     decisions: list[dict]  # fence decision log lines {decision, path, reason, pod}
     wall_seconds: float = 0.0
     faults: list[dict] = field(default_factory=list)  # {ts, what}
+    #: last executor gauges per scheduler process {sender, executor.running_tasks, ..., ts}; None: not measured
+    gauges: list[dict] | None = None
+    collected_at: float | None = None  # when the gauges were read
+    cleared: list[dict] = field(default_factory=list)  # TIs a user cleared through the REST API {ts, task_id}
+    #: deletions of the other deployment's pods in a shared namespace {ts, who, name, creator}; None: no neighbour
+    cross_deletes: list[dict] | None = None
 
 
 @dataclass
@@ -106,10 +122,20 @@ def measure(ev: Evidence) -> dict[str, Any]:
     handled_404 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "ti_not_found")
     handled_409 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "stale_executor_launch")
 
-    # The lab's tasks never fail by themselves: every transition of a try into failed or
-    # up_for_retry is a burned retry (a user's clear archives the try without one). It is burned
-    # by a stale launch when a superseded pod of that TI id had ended Failed before it.
-    failed_tries = [e for e in ev.ti_log if e.get("state") in ("failed", "up_for_retry") and e["op"] == "UPDATE"]
+    # The lab's tasks fail only on purpose (``failed_on_purpose``: the task printed its fail mark for
+    # that try): every other transition of a try into failed or up_for_retry is a burned retry (a
+    # user's clear archives the try without one). It is burned by a stale launch when a superseded
+    # pod of that TI id had ended Failed before it.
+    # A try a user cleared while it ran goes restarting -> up_for_retry without using a retry: not
+    # burned either.
+    own_failures = {(p.get("task_id"), str(p.get("try_number"))) for p in ev.pods if p.get("failed_on_purpose")}
+    failed_tries, previous = [], {}
+    for e in sorted(ev.ti_log, key=lambda e: e["ts"]):
+        if (e.get("state") in ("failed", "up_for_retry") and e["op"] == "UPDATE"
+                and previous.get(e["ti_id"]) != "restarting"
+                and (e.get("task_id"), str(e.get("try_number"))) not in own_failures):
+            failed_tries.append(e)
+        previous[e["ti_id"]] = e.get("state")
     stale_failures: dict[str, float] = {}
     for pod in superseded_started:
         if pod.get("exit_code") not in (None, 0):
@@ -132,6 +158,7 @@ def measure(ev: Evidence) -> dict[str, Any]:
             false_positives += 1  # the pod's launch was still current when it was deleted
 
     decisions = Counter(f"{d['decision']}:{d['reason']}" for d in ev.decisions)
+    final_states = Counter(t.get("state") for t in ev.tis)
     return {
         "tasks": len(ev.tis),
         "launches": sum(len(v) for v in by_ti.values()),
@@ -145,6 +172,7 @@ def measure(ev: Evidence) -> dict[str, Any]:
         "duplicate_pods": duplicates,
         "retries_burned": len(failed_tries),
         "retries_burned_by_stale": burned_by_stale,
+        "tries_burned_by_ha": tries_burned_by_ha(ev, own_failures),
         "stale_task_runs": sum(1 for p in superseded_started if p.get("ran_task")),
         "tasks_failed": sum(1 for t in ev.tis if t.get("state") == "failed"),
         "tasks_succeeded": sum(1 for t in ev.tis if t.get("state") == "success"),
@@ -152,9 +180,45 @@ def measure(ev: Evidence) -> dict[str, Any]:
         "wasted_pod_seconds": round(wasted, 1),
         "pods_deleted_by_executor": len(ev.deletes),
         "false_positive_deletions": false_positives,
+        "executor_slots_leaked": slots_leaked(ev, sum(final_states[s] for s in HOLDS_SLOT)),
+        "other_deployment_pods_deleted": None if ev.cross_deletes is None else sum(
+            1 for d in ev.cross_deletes if str(d["who"]).startswith("scheduler")),
+        "own_pods_deleted_by_neighbour": None if ev.cross_deletes is None else sum(
+            1 for d in ev.cross_deletes if not str(d["who"]).startswith("scheduler")),
         "fencing_decisions": dict(sorted(decisions.items())),
         "wall_seconds": round(ev.wall_seconds, 1),
     }
+
+
+def tries_burned_by_ha(ev: Evidence, own_failures: set[tuple] | None = None) -> int | None:
+    """Tries consumed that neither the task code nor a user asked for: per task, the final
+    try_number minus the first try, the retries its own deliberate failures used (a failed try
+    below the final one) and the user's clears through the REST API (each clear archives the try;
+    the next scheduling takes a new one). What is left was taken by HA: orphan resets, failures
+    the executor reported for pods it lost or for stale pods, stuck-in-queued failures."""
+    if own_failures is None:
+        own_failures = {(p.get("task_id"), str(p.get("try_number"))) for p in ev.pods if p.get("failed_on_purpose")}
+    if not ev.tis or any(t.get("try_number") is None or t.get("task_id") is None for t in ev.tis):
+        return None
+    clears = Counter(c.get("task_id") for c in ev.cleared)
+    burned = 0
+    for ti in ev.tis:
+        final = int(ti["try_number"])
+        own = sum(1 for task, tr in own_failures if task == ti["task_id"] and tr.isdigit() and int(tr) < final)
+        burned += max(0, final - 1 - own - clears[ti["task_id"]])
+    return burned
+
+
+def slots_leaked(ev: Evidence, tis_holding_slots: int) -> int | None:
+    """Executor slots still taken at the end of the run, by Airflow's own accounting: the sum of
+    ``executor.running_tasks`` over the schedulers still reporting, minus the TIs that may hold a
+    slot (queued/running/restarting). None when no gauge arrived (statsd not installed)."""
+    if not ev.gauges:
+        return None
+    now = ev.collected_at or max(g.get("ts", 0) for g in ev.gauges)
+    live = [g for g in ev.gauges if "executor.running_tasks" in g and g.get("ts", 0) >= now - GAUGE_FRESH_SECONDS]
+    running = sum(int(g["executor.running_tasks"]) for g in live)
+    return max(0, running - tis_holding_slots)
 
 
 def stale_exit_reason(output: str) -> str | None:

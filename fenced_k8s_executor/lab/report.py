@@ -18,26 +18,91 @@ ROWS = [
     ("duplicate_pods", "duplicate pods per launch"),
     ("retries_burned", "retries burned"),
     ("retries_burned_by_stale", "  of which by stale launches"),
+    ("tries_burned_by_ha", "tries burned by HA"),
     ("tasks_failed", "tasks failed"),
     ("tasks_not_terminal", "tasks not terminal"),
+    ("executor_slots_leaked", "executor slots leaked"),
     ("wasted_pod_seconds", "wasted pod-seconds"),
     ("pods_deleted_by_executor", "pods deleted by the executor"),
     ("false_positive_deletions", "  false-positive deletions"),
+    ("other_deployment_pods_deleted", "other deployment's pods deleted"),
+    ("own_pods_deleted_by_neighbour", "  ours deleted by the (stock) neighbour"),
     ("wall_seconds", "wall time (s)"),
 ]
 
+#: The headline: one row per scenario, "stock / fenced" per cell.
+HEADLINE = [
+    ("pods_started_for_superseded_launch", "pods started for superseded launches"),
+    ("stale_task_runs", "task code run by a stale pod"),
+    (("run_404", "run_409"), "`/run` 404 / 409, unhandled"),
+    ("retries_burned_by_stale", "retries burned by stale launches"),
+    ("tries_burned_by_ha", "tries burned by HA"),
+    (("tasks_failed", "tasks_not_terminal"), "tasks failed / not terminal"),
+    ("executor_slots_leaked", "executor slots leaked"),
+    ("other_deployment_pods_deleted", "other deployment's pods deleted"),
+    ("false_positive_deletions", "false-positive deletions"),
+    ("wasted_pod_seconds", "wasted pod-seconds"),
+]
 
-def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
-    """results: {scenario: {executor: metrics}} -> a fixed-width side-by-side table."""
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _label(executor: str, settings: dict[str, str] | None) -> str:
+    extra = (settings or {}).get(executor)
+    return f"{executor} [{extra}]" if extra else executor
+
+
+def settings_of(names: list[str]) -> dict[str, dict[str, str]]:
+    """{scenario: {executor: non-default settings}} for the scenarios that need any."""
+    from fenced_k8s_executor.lab.scenarios import SCENARIOS
+
+    return {n: {"fenced": SCENARIOS[n].settings} for n in names if n in SCENARIOS and SCENARIOS[n].settings}
+
+
+def headline(results: dict[str, dict[str, dict[str, Any]]], settings: dict[str, dict[str, str]] | None = None) -> str:
+    """The README table: a row per scenario, each cell stock / fenced; a scenario whose fenced run
+    needed a non-default setting names it in its row."""
+    settings = settings if settings is not None else settings_of(list(results))
+    out = ["| scenario | " + " | ".join(label for _, label in HEADLINE) + " |",
+           "|---|" + "---|" * len(HEADLINE)]
+    for scenario, by_executor in results.items():
+        name = scenario
+        extra = (settings.get(scenario) or {}).get("fenced")
+        if extra:
+            name += f" (fenced: `{extra}`)"
+        cells = []
+        for key, _ in HEADLINE:
+            per = []
+            for executor in ("stock", "fenced"):
+                m = by_executor.get(executor)
+                if m is None:
+                    per.append("-")
+                elif isinstance(key, tuple):
+                    per.append(" / ".join(_cell(m.get(k)) for k in key))
+                else:
+                    per.append(_cell(m.get(key)))
+            cells.append(" → ".join(per) if len(per) > 1 else per[0])
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def table(results: dict[str, dict[str, dict[str, Any]]], settings: dict[str, dict[str, str]] | None = None) -> str:
+    """results: {scenario: {executor: metrics}} -> a fixed-width side-by-side table; an executor
+    run with non-default settings has them in its column header."""
+    settings = settings if settings is not None else settings_of(list(results))
     lines = []
     for scenario, by_executor in results.items():
         executors = list(by_executor)
         lines.append("")
         lines.append(f"== {scenario} " + "=" * max(0, 60 - len(scenario)))
-        lines.append(f"{'metric':44s}" + "".join(f"{e:>12s}" for e in executors))
+        labels = [_label(e, settings.get(scenario)) for e in executors]
+        widths = [max(12, len(label) + 2) for label in labels]
+        lines.append(f"{'metric':44s}" + "".join(f"{label:>{w}s}" for label, w in zip(labels, widths)))
         for key, label in ROWS:
-            values = [by_executor[e].get(key, "-") for e in executors]
-            lines.append(f"{label:44s}" + "".join(f"{str(v):>12s}" for v in values))
+            values = [_cell(by_executor[e].get(key, "-")) for e in executors]
+            lines.append(f"{label:44s}" + "".join(f"{v:>{w}s}" for v, w in zip(values, widths)))
         for e in executors:
             decisions = by_executor[e].get("fencing_decisions") or {}
             if decisions:
@@ -50,15 +115,20 @@ def write_json(results: dict, path: Path) -> None:
     path.write_text(json.dumps({"scenarios": results}, indent=2, sort_keys=True))
 
 
-def write_markdown(results: dict, path: Path, context: dict[str, Any]) -> None:
+def write_markdown(results: dict, path: Path, context: dict[str, Any],
+                   settings: dict[str, dict[str, str]] | None = None) -> None:
+    settings = settings if settings is not None else settings_of(list(results))
     out = ["# fenced-k8s-executor lab report", ""]
     out += [f"- {k}: {v}" for k, v in context.items()]
+    out += ["- the fenced executor runs on its shipped defaults, except where a column header names a setting",
+            "", "## Summary (stock → fenced)", "", headline(results, settings)]
     for scenario, by_executor in results.items():
         executors = list(by_executor)
         out += ["", f"## {scenario}", "", f"![timeline]({scenario}-timeline.png)", "",
-                "| metric | " + " | ".join(executors) + " |", "|---|" + "---|" * len(executors)]
+                "| metric | " + " | ".join(_label(e, settings.get(scenario)) for e in executors) + " |",
+                "|---|" + "---|" * len(executors)]
         for key, label in ROWS:
-            out.append(f"| {label.strip()} | " + " | ".join(str(by_executor[e].get(key, "-")) for e in executors) + " |")
+            out.append(f"| {label.strip()} | " + " | ".join(_cell(by_executor[e].get(key, "-")) for e in executors) + " |")
     path.write_text("\n".join(out) + "\n")
 
 

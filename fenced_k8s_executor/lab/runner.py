@@ -3,6 +3,8 @@ the process kubelet; drive the scenario; collect evidence; tear everything down.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,8 +19,8 @@ from fenced_k8s_executor.lab.stack import STOCK_EXECUTOR
 from fenced_k8s_executor.names import EXECUTOR_CLASS_PATH
 
 EXECUTORS = {"stock": STOCK_EXECUTOR, "fenced": EXECUTOR_CLASS_PATH}
-#: The fenced executor as an operator would run it in a lab: the sweep a little more often.
-FENCED_ENV = {"AIRFLOW__FENCED_KUBERNETES_EXECUTOR__SWEEP_INTERVAL": "5"}
+#: The fenced executor runs on its shipped defaults; a scenario that needs another setting says so
+#: in ``Scenario.fenced_env`` and the report prints it beside the figures it produced.
 COMMON_ENV = {
     # Keep finished pods as evidence (the stock executor would delete Succeeded ones).
     "AIRFLOW__KUBERNETES_EXECUTOR__DELETE_WORKER_PODS": "False",
@@ -41,6 +43,9 @@ class RunContext:
     run_id: str | None = None
     marked: threading.Event = field(default_factory=threading.Event)
     slow_start: float | None = None
+    cleared: list[dict] = field(default_factory=list)  # TIs cleared through the REST API {ts, task_id}
+    neighbour: Any = None  # the other deployment in a shared namespace (its AirflowStack), if any
+    neighbour_run_id: str | None = None
 
     def note(self, what: str) -> None:
         self.faults.append({"ts": time.time(), "what": what})
@@ -57,10 +62,19 @@ class RunContext:
         self.emulator.clear_faults()
         self.note(what)
 
-    def trigger(self) -> None:
-        run = self.stack.client().trigger(self.dag_id)
+    def trigger(self, run_id: str | None = None) -> None:
+        run = self.stack.client().trigger(self.dag_id, run_id=run_id)
         self.run_id = run["dag_run_id"]
         self.say(f"  triggered {self.dag_id} run {self.run_id}")
+
+    def trigger_neighbour(self, run_id: str | None = None) -> None:
+        run = self.neighbour.client().trigger(self.dag_id, run_id=run_id)
+        self.neighbour_run_id = run["dag_run_id"]
+        self.note(f"neighbour deployment triggered {self.dag_id} run {self.neighbour_run_id}")
+
+    def neighbour_terminal(self) -> bool:
+        tis = self.neighbour.client().task_instances(self.dag_id, self.neighbour_run_id)
+        return bool(tis) and all(ti.get("state") in TERMINAL for ti in tis)
 
     def task_instances(self) -> list[dict]:
         return self.stack.client().task_instances(self.dag_id, self.run_id) if self.run_id else []
@@ -70,11 +84,25 @@ class RunContext:
         while len(self.emulator.pods(self.stack.namespace)) < count and time.monotonic() < deadline:
             time.sleep(0.5)
 
-    def clear_tasks(self, what: str) -> None:
-        queued = [ti["task_id"] for ti in self.task_instances() if ti.get("state") == "queued"]
-        if queued:
-            self.stack.client().clear(self.dag_id, self.run_id, task_ids=queued)
-        self.note(f"{what} ({len(queued)} TIs)")
+    def clear_tasks(self, what: str, states: tuple[str, ...] = ("queued",)) -> None:
+        """Clear the TIs in `states` through the REST API, as a user would; the cleared TIs are
+        recorded (each clear archives a try: not a try burned by HA)."""
+        picked = [ti["task_id"] for ti in self.task_instances() if ti.get("state") in states]
+        if picked:
+            answer = self.stack.client().clear(self.dag_id, self.run_id, task_ids=picked) or {}
+            done = [ti.get("task_id") for ti in answer.get("task_instances", [])] or picked
+            self.cleared += [{"ts": time.time(), "task_id": task_id} for task_id in done]
+        self.note(f"{what} ({len(picked)} TIs)")
+
+    def wait_states(self, states: tuple[str, ...], count: int, timeout: float = 120) -> int:
+        """Wait until at least `count` TIs are in `states`; returns how many are."""
+        deadline, found = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline:
+            found = sum(1 for ti in self.task_instances() if ti.get("state") in states)
+            if found >= count:
+                break
+            time.sleep(1)
+        return found
 
     def slow_start_until_marked(self, seconds: float) -> None:
         self.slow_start = seconds
@@ -141,6 +169,33 @@ def _settle(kubelet: Any, emulator: Any, namespace: str, *, timeout: float, say:
     say(f"  {len(live)} pod(s) still Pending/Running after {timeout:.0f}s")
 
 
+class _NamedAs:
+    """The emulator as seen by a second deployment: its callers get a name prefix in the audit."""
+
+    def __init__(self, emulator: Any, prefix: str):
+        self.emulator, self.prefix = emulator, prefix
+
+    def set_tokens(self, mapping: dict[str, str]) -> None:
+        self.emulator.set_tokens({token: f"{self.prefix}{name}" for token, name in mapping.items()})
+
+
+NEIGHBOUR = "neighbour-"
+
+
+def _neighbour_pod_template(neighbour: Any, ours: dict[str, str], start_delay: float | None) -> None:
+    """The neighbour's pods carry their own deployment's settings (API URL, secrets, DB) in the pod
+    template's env, as every deployment's template does on a real cluster; the one process kubelet
+    applies them over its base environment (ours)."""
+    env = [{"name": k, "value": v} for k, v in sorted(neighbour.worker_env().items()) if ours.get(k) != v]
+    metadata: dict[str, Any] = {"name": "lab-worker"}
+    if start_delay is not None:
+        metadata["annotations"] = {"lab.fenced-k8s-executor.io/start-delay": str(start_delay)}
+    template = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+                "spec": {"containers": [{"name": "base", "image": "lab/airflow:local", "env": env}],
+                         "restartPolicy": "Never"}}
+    neighbour.pod_template.write_text(json.dumps(template, indent=1))  # JSON is YAML
+
+
 def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path, seed: int, quick: bool,
             schedulers: int, say: Callable[[str], None] = print) -> dict[str, Any]:
     """One scenario on one executor; returns the measurements (and writes the evidence)."""
@@ -153,23 +208,36 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     width = scenario.width[0 if quick else 1]
     dag_id = f"lab_{scenario.name}"
-    dags = write_fanout(run_dir / "dags", dag_id, width).parent
+    dags = write_fanout(run_dir / "dags", dag_id, width, seconds=scenario.task_seconds,
+                        fail_first=scenario.fail_first).parent
     db_url = new_airflow_db(pg_server)
     ev.install_change_log(db_url)
-    env = {**COMMON_ENV, **scenario.env, **(FENCED_ENV if executor == "fenced" else {}),
-           **(scenario.fenced_env if executor == "fenced" else {})}
+    gauges = ev.GaugeListener().start() if importlib.util.find_spec("statsd") else None
+    if gauges is None:
+        say("  statsd is not installed: executor slot gauges are not measured")
+    env = {**COMMON_ENV, **scenario.env, **(scenario.fenced_env if executor == "fenced" else {}),
+           **(gauges.env() if gauges else {})}
     emulator = Emulator()
     emulator.start()
-    stack = kubelet = None
+    stack = kubelet = neighbour = None
     started = time.time()
     try:
+        n_sched = scenario.schedulers or schedulers
         say(f"[{scenario.name}/{executor}] starting PostgreSQL DB, emulator, api-server, dag-processor, "
-            f"{scenario.schedulers or schedulers} scheduler(s)")
+            f"{n_sched} scheduler(s)" + (" and a stock neighbour deployment" if scenario.neighbour else ""))
         stack = AirflowStack(run_dir, db_url, emulator.url, dags, executor=EXECUTORS[executor],
-                             schedulers=scenario.schedulers or schedulers, namespace=f"lab-{scenario.name}",
-                             env=env, emulator=emulator)
+                             schedulers=n_sched, namespace=f"lab-{scenario.name}", env=env, emulator=emulator)
+        if scenario.neighbour:
+            n_dags = write_fanout(run_dir / "neighbour" / "dags", dag_id, scenario.neighbour[0],
+                                  seconds=scenario.neighbour[1]).parent
+            neighbour = AirflowStack(run_dir / "neighbour", new_airflow_db(pg_server), emulator.url, n_dags,
+                                     executor=STOCK_EXECUTOR, schedulers=1, namespace=stack.namespace,
+                                     env={**COMMON_ENV, **scenario.env}, emulator=_NamedAs(emulator, NEIGHBOUR),
+                                     kube_token=lambda role: f"{NEIGHBOUR}{role}")
+            _neighbour_pod_template(neighbour, stack.worker_env(), scenario.neighbour[2])
+            neighbour.start()
         stack.start()
-        ctx = RunContext(scenario, width, stack, emulator, dag_id, say)
+        ctx = RunContext(scenario, width, stack, emulator, dag_id, say, neighbour=neighbour)
         base = LongTailDelay.parse(scenario.delay, seed=seed) if scenario.delay else None
         kubelet = ProcessKubelet(emulator.write_kubeconfig(str(run_dir / "kube" / "kubelet.kubeconfig"),
                                                            token="kubelet", namespace=stack.namespace),
@@ -179,18 +247,26 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
         kubelet.start()
         stack.wait_schedulers_heartbeat()
         stack.client().wait_dags([dag_id], timeout=180)
+        if neighbour is not None:
+            neighbour.wait_schedulers_heartbeat()
+            neighbour.client().wait_dags([dag_id], timeout=180)
         say(f"[{scenario.name}/{executor}] stack up in {time.time() - started:.0f}s; driving the scenario")
         ctx.t0 = time.time()
         scenario.drive(ctx)
         _settle(kubelet, emulator, stack.namespace, timeout=60, say=say)  # stale pods may start late
         time.sleep(3)  # let the last events land
         evidence = ev.collect(db_url=db_url, kubelet_records=kubelet.records(), audit=emulator.audit(),
-                              log_dir=stack.log_dir, wall_seconds=time.time() - ctx.t0, faults=ctx.faults)
+                              log_dir=stack.log_dir, wall_seconds=time.time() - ctx.t0, faults=ctx.faults,
+                              gauges=gauges.snapshot() if gauges else None, cleared=ctx.cleared,
+                              foreign_prefix=NEIGHBOUR if neighbour is not None else None)
     finally:
         if kubelet is not None:
             kubelet.stop()
-        if stack is not None:
-            stack.stop()
+        for deployment in (stack, neighbour):
+            if deployment is not None:
+                deployment.stop()
         emulator.stop()
+        if gauges is not None:
+            gauges.stop()
     ev.dump(evidence, run_dir / "evidence.json")
     return {"metrics": measure(evidence), "evidence": evidence}

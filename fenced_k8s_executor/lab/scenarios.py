@@ -8,6 +8,7 @@ used for both executors.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,8 +25,21 @@ class Scenario:
     capacity: int | None = None  # concurrent pods the kubelet runs (node capacity)
     delay: str | None = None  # LongTailDelay spec, e.g. "lognormal:scale=3,sigma=0.8,cap=30"
     schedulers: int | None = None  # override of --schedulers
-    fenced_env: dict[str, str] = field(default_factory=dict)  # extra settings for the fenced run only
+    #: non-default settings of the fenced run only (the report prints them beside its figures)
+    fenced_env: dict[str, str] = field(default_factory=dict)
     timeout: float = 300.0  # seconds to wait for every task to be terminal
+    task_seconds: float = 1.0  # how long each task's code runs
+    fail_first: bool = False  # each task fails its first try on purpose (its own failure, not HA's)
+    #: a second, stock deployment (own DB, api-server, scheduler) in the same namespace running the
+    #: same DAG: (tasks, task seconds, pod start delay)
+    neighbour: tuple[int, float, float | None] | None = None
+
+    @property
+    def settings(self) -> str:
+        """The fenced run's non-default settings, as an operator would write them."""
+        prefix = "AIRFLOW__FENCED_KUBERNETES_EXECUTOR__"
+        return ", ".join(f"{k[len(prefix):].lower() if k.startswith(prefix) else k}={v}"
+                         for k, v in sorted(self.fenced_env.items()))
 
 
 def _storm(ctx: Any) -> None:
@@ -99,6 +113,42 @@ def _flaky_api(ctx: Any) -> None:
     ctx.wait_terminal()
 
 
+def _clear_running(ctx: Any) -> None:
+    """Tasks are cleared through the REST API while they run (a user re-running a stuck-looking
+    task): each cleared TI gets a new id and try, its running pod belongs to a superseded launch,
+    and the scheduler must still bring every TI to a terminal state."""
+    ctx.trigger()
+    running = ctx.wait_states(("running",), ctx.width, timeout=150)
+    ctx.sleep(3)  # well inside the task's sleep
+    ctx.clear_tasks(f"clear running TIs via REST ({running} running)", states=("running",))
+    ctx.wait_terminal()
+
+
+def _retry_storm(ctx: Any) -> None:
+    """Every task fails its first try on purpose, more first-try failures than executor slots
+    (parallelism): each failure must free its slot, or the retries starve and the DAG stalls."""
+    ctx.trigger()
+    ctx.wait_terminal()
+
+
+def _shared_namespace(ctx: Any) -> None:
+    """Two deployments (two metadata DBs, each with its api-server and schedulers) share one
+    namespace and run the same DAG with the same run id: the neighbour is stock, its pods start
+    late and run long, across at least one sweep of the deployment under test. Nobody may
+    delete the other deployment's pods."""
+    run_id = "lab_shared_run"
+    ctx.trigger_neighbour(run_id)
+    ctx.trigger(run_id)
+    ctx.wait_terminal()
+    until = ctx.t0 + 80  # past the first sweep (default interval 60 s) with the neighbour's pods around
+    while time.time() < until or not ctx.neighbour_terminal():
+        if time.time() > ctx.t0 + ctx.scenario.timeout:
+            ctx.say("  the neighbour's run is not terminal")
+            break
+        time.sleep(3)
+    ctx.note("neighbour run terminal")
+
+
 _STORM_ENV = {
     "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": "8",
     # Stuck in queued fires at 15-18 s, well inside the peer's 26 s pause.
@@ -132,6 +182,12 @@ SCENARIOS: dict[str, Scenario] = {
                  delay="lognormal:scale=15,sigma=0.3,cap=40",  # the retry comes while the TI is still queued
                  env={"AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS": '{"_request_timeout": [5, 5]}',
                       "AIRFLOW__KUBERNETES_EXECUTOR__TASK_PUBLISH_MAX_RETRIES": "-1"}),
+        Scenario("clear_running", _clear_running.__doc__ or "", (4, 8), _clear_running, task_seconds=40,
+                 env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"}),
+        Scenario("retry_storm", _retry_storm.__doc__ or "", (10, 20), _retry_storm, fail_first=True, timeout=240,
+                 env={"AIRFLOW__CORE__PARALLELISM": "4"}),
+        Scenario("shared_namespace", _shared_namespace.__doc__ or "", (4, 8), _shared_namespace,
+                 neighbour=(4, 60.0, 15.0), timeout=300),
     )
 }
 

@@ -1,6 +1,8 @@
 """The short lab run CI does: pending storm and clear churn, small sizes, stock and fenced on
 real Airflow processes. The stock executor must show a stale-launch symptom (otherwise the
 scenario no longer reproduces anything and the test fails); the fenced executor must show none.
+Plus a tiny retry storm on the fenced executor alone (stock is clean there): more first-try
+failures than executor slots, the DAG completes and no slot leaks (Airflow's own gauges).
 """
 
 from __future__ import annotations
@@ -13,6 +15,32 @@ pytestmark = pytest.mark.lab
 
 SYMPTOMS = ("pods_started_for_superseded_launch", "run_404", "run_409", "duplicate_pods",
             "retries_burned_by_stale", "stale_task_runs")
+
+
+@pytest.fixture(scope="module")
+def retry_storm(tmp_path_factory):
+    pytest.importorskip("statsd", reason="statsd (the lab extra) reports the executor slot gauges")
+    from dataclasses import replace
+
+    from fenced_k8s_executor.lab.postgres import start_from_template
+    from fenced_k8s_executor.lab.runner import run_one
+    from fenced_k8s_executor.lab.scenarios import SCENARIOS
+
+    # 6 first-try failures against 2 schedulers x parallelism 2 = 4 slots.
+    tiny = replace(SCENARIOS["retry_storm"], width=(6, 6), env={"AIRFLOW__CORE__PARALLELISM": "2"}, timeout=150)
+    pg = start_from_template()
+    try:
+        return run_one(tiny, "fenced", pg_server=pg, out_dir=tmp_path_factory.mktemp("lab-retry"), seed=7,
+                       quick=True, schedulers=2)["metrics"]
+    finally:
+        pg.stop()
+
+
+def test_fenced_retry_storm_completes_without_leaking_executor_slots(retry_storm):
+    m = retry_storm
+    assert m["executor_slots_leaked"] == 0, m
+    assert m["tasks_not_terminal"] == 0 and m["tasks_succeeded"] == m["tasks"], m
+    assert m["retries_burned"] == 0 and m["tries_burned_by_ha"] == 0, m
 
 
 @pytest.fixture(scope="module")

@@ -89,3 +89,80 @@ def test_a_users_clear_is_not_a_burned_retry():
                           log(4, B, state="queued"), log(9, B, state="success")],
                   history=[{"ti_id": A, "state": "failed"}], tis=[{"id": B, "state": "success"}])
     assert measure(ev)["retries_burned"] == 0
+
+
+def test_a_tasks_own_failure_is_not_a_burned_retry_nor_a_try_burned_by_ha():
+    ev = evidence(
+        ti_log=[log(1, A, "INSERT", "queued") | {"task_id": "t", "try_number": 1},
+                log(5, A, "gone"), log(5, B, state="up_for_retry") | {"task_id": "t", "try_number": 1},
+                log(8, B, state="queued") | {"task_id": "t", "try_number": 2},
+                log(12, B, state="success") | {"task_id": "t", "try_number": 2}],
+        pods=[pod("p1", A, 2, started=3, finished=4, exit_code=1) | {"try_number": "1", "failed_on_purpose": True},
+              pod("p2", B, 9, started=10, finished=11, exit_code=0, ran=True) | {"try_number": "2"}],
+        tis=[{"id": B, "task_id": "t", "try_number": 2, "state": "success"}],
+    )
+    m = measure(ev)
+    assert m["retries_burned"] == 0
+    assert m["tries_burned_by_ha"] == 0
+
+
+def test_tries_burned_by_ha_are_the_tries_no_task_failure_or_user_clear_took():
+    tis = [{"id": A, "task_id": "t", "try_number": 4, "state": "success"},
+           {"id": B, "task_id": "u", "try_number": 1, "state": "success"}]
+    pods = [pod("p1", A, 1, started=2, finished=3, exit_code=1) | {"try_number": "1", "failed_on_purpose": True}]
+    ev = evidence(tis=tis, pods=pods, cleared=[{"ts": 5, "task_id": "t"}])
+    assert measure(ev)["tries_burned_by_ha"] == 1  # try 4 = first + own failure + clear + one reset
+    assert measure(evidence(tis=[{"id": A, "state": "success"}]))["tries_burned_by_ha"] is None
+
+
+def test_slots_leaked_come_from_the_live_schedulers_gauges():
+    gauges = [{"sender": "s0", "executor.running_tasks": 3, "executor.open_slots": 1, "ts": 100},
+              {"sender": "s1", "executor.running_tasks": 1, "executor.open_slots": 3, "ts": 99},
+              {"sender": "killed", "executor.running_tasks": 4, "ts": 10}]
+    tis = [{"id": A, "state": "running"}, {"id": B, "state": "success"}]
+    m = measure(evidence(gauges=gauges, collected_at=101, tis=tis))
+    assert m["executor_slots_leaked"] == 3  # 3 + 1 held by live schedulers, 1 TI running
+    assert measure(evidence(tis=tis))["executor_slots_leaked"] is None  # no statsd: not measured
+
+
+def test_gauge_listener_keeps_the_latest_executor_gauges_per_sender():
+    from fenced_k8s_executor.lab.evidence import GaugeListener
+
+    listener = GaugeListener()
+    try:
+        listener.feed("a", "airflow.executor.running_tasks:2|g", 1)
+        listener.feed("a", "airflow.executor.running_tasks:0|g", 2)
+        listener.feed("a", "airflow.executor.open_slots.FencedKubernetesExecutor:4|g", 2)
+        listener.feed("b", "airflow.scheduler.heartbeat:1|c", 3)
+        listener.feed("b", "airflow.dag_processing.running_tasks:7|g", 3)
+        assert listener.snapshot() == [{"sender": "a", "executor.running_tasks": 0, "executor.open_slots": 4,
+                                        "executor.running_tasks.peak": 2, "executor.open_slots.peak": 4,
+                                        "ts": 2}]
+    finally:
+        listener.stop()
+
+
+def test_deletions_of_the_other_deployments_pods_are_read_from_the_audit():
+    from fenced_k8s_executor.lab.evidence import cross_deletes
+
+    def entry(verb, who, name, code=200):
+        return {"verb": verb, "who": who, "name": name, "code": code, "resource": "pods", "ts": 1}
+
+    audit = [entry("create", "scheduler-0", "ours", 201), entry("create", "neighbour-scheduler-0", "theirs", 201),
+             entry("delete", "scheduler-1", "theirs"), entry("delete", "scheduler-0", "ours"),
+             entry("delete", "neighbour-scheduler-0", "ours"), entry("delete", "kubelet", "theirs"),
+             entry("delete", "scheduler-0", "theirs", 404)]
+    found = cross_deletes(audit, "neighbour-")
+    assert [(d["who"], d["name"]) for d in found] == [("scheduler-1", "theirs"), ("neighbour-scheduler-0", "ours")]
+    m = measure(evidence(cross_deletes=found))
+    assert m["other_deployment_pods_deleted"] == 1 and m["own_pods_deleted_by_neighbour"] == 1
+    assert measure(evidence())["other_deployment_pods_deleted"] is None
+
+
+def test_a_running_try_the_user_cleared_is_not_a_burned_retry():
+    ev = evidence(ti_log=[log(1, A, "INSERT", "running"), log(3, A, "gone"), log(3, B, state="restarting"),
+                          log(6, B, state="up_for_retry"), log(8, B, state="queued"), log(12, B, state="success")],
+                  tis=[{"id": B, "task_id": "t", "try_number": 2, "state": "success"}],
+                  cleared=[{"ts": 3, "task_id": "t"}])
+    m = measure(ev)
+    assert m["retries_burned"] == 0 and m["tries_burned_by_ha"] == 0
