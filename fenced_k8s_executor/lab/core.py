@@ -34,11 +34,12 @@ BUNDLE = "dags-folder"
 DAG_FILE = '''
 import pendulum
 from airflow.sdk import DAG, task
+{imports}
 
 with DAG(dag_id={dag_id!r}, schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False,
          max_active_tasks=64, default_args={{"retries": {retries}, "retry_delay": pendulum.duration(seconds=0)}}):
     for task_id in {task_ids!r}:
-        @task(task_id=task_id)
+        @task(task_id=task_id, {task_kwargs})
         def work():
             return None
 
@@ -81,13 +82,18 @@ class Airflow:
 
     # ------------------------------------------------------------------ DAGs and runs
 
-    def add_dag(self, dag_id: str, task_ids: Iterable[str], *, retries: int = 2) -> None:
-        """Write a DAG file and parse/serialize it the way the dag-processor does."""
+    def add_dag(self, dag_id: str, task_ids: Iterable[str], *, retries: int = 2, imports: str = "",
+                task_kwargs: str = "") -> None:
+        """Write a DAG file and parse/serialize it the way the dag-processor does.
+
+        ``imports`` (source lines) and ``task_kwargs`` (source of extra ``@task`` keyword
+        arguments, e.g. an ``executor_config``) customise every task of the file."""
         from airflow.dag_processing.bundles.manager import DagBundlesManager
         from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 
         path = self.dags_folder / f"{dag_id}.py"
-        path.write_text(textwrap.dedent(DAG_FILE.format(dag_id=dag_id, task_ids=list(task_ids), retries=retries)))
+        path.write_text(textwrap.dedent(DAG_FILE.format(dag_id=dag_id, task_ids=list(task_ids), retries=retries,
+                                                           imports=imports, task_kwargs=task_kwargs)))
         DagBundlesManager().sync_bundles_to_db(deactivate_missing=False)
         bag = DagBag(dag_folder=path, bundle_path=self.dags_folder, bundle_name=BUNDLE)
         if bag.import_errors or dag_id not in bag.dags:

@@ -12,15 +12,18 @@ import sys
 import pytest
 
 from fenced_k8s_executor import config
-from fenced_k8s_executor.lab import seed
 from fenced_k8s_executor.names import TI_ID_LABEL, TOKEN_ANNOTATION, TOKEN_LABEL
 
-JOB = 31
+POD_OVERRIDE = (
+    'executor_config={"pod_override": k8s.V1Pod('
+    'metadata=k8s.V1ObjectMeta(annotations={"team": "data"}), '
+    'spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base", '
+    'resources=k8s.V1ResourceRequirements(requests={"cpu": "250m"}))]))}'
+)
 
 
-def test_user_pod_template_override_and_mutation_hook_all_apply(world, make_executor, monkeypatch):
-    from kubernetes.client import models as k8s
-
+@pytest.mark.tasks("custom", imports="from kubernetes.client import models as k8s", task_kwargs=POD_OVERRIDE)
+def test_user_pod_template_override_and_mutation_hook_all_apply(world, monkeypatch):
     import airflow.settings
 
     def hook(pod):
@@ -34,82 +37,88 @@ def test_user_pod_template_override_and_mutation_hook_all_apply(world, make_exec
         "      env:\n        - name: FROM_TEMPLATE\n          value: '1'\n"
     )
     monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__POD_TEMPLATE_FILE", str(template))
-    executor = make_executor("fenced", JOB)
-    (ti,) = world.tis("custom", job_id=JOB)
-    workload = world.workload(ti)
-    workload.ti.executor_config = {
-        "pod_override": k8s.V1Pod(
-            metadata=k8s.V1ObjectMeta(annotations={"team": "data"}),
-            spec=k8s.V1PodSpec(containers=[k8s.V1Container(
-                name="base", resources=k8s.V1ResourceRequirements(requests={"cpu": "250m"}))]),
-        )
-    }
-    executor.queue_workload(workload, session=None)
-    executor.trigger_tasks(open_slots=8)
-    executor.sync()
-    (pod,) = world.pods(ti)
+    # the task's executor_config comes from the DAG file (the tasks marker), as users write it
+    sched = world.scheduler("fenced")
+    world.queue(sched)
+    sched.executor.sync()
+    row = world.row("custom")
+    (pod,) = world.pods(row)
     meta, container = pod.metadata, pod.spec.containers[0]
     assert meta.labels["from-template"] == "yes" and meta.labels["mutated-by"] == "hook"
     assert meta.annotations["team"] == "data"
     assert container.resources.requests == {"cpu": "250m"}
     assert {"name": "FROM_TEMPLATE", "value": "1"} in [{"name": e.name, "value": e.value} for e in container.env]
-    assert meta.annotations[TOKEN_ANNOTATION] == ti.token
-    assert meta.labels[TOKEN_LABEL] == ti.token and meta.labels[TI_ID_LABEL] == ti.id
-    assert meta.labels["airflow-worker"] == str(JOB)  # the provider's own labels are intact
-    assert container.args[:3] == ["python", "-m", "fenced_k8s_executor.worker"]
+    assert row.token and meta.annotations[TOKEN_ANNOTATION] == row.token
+    assert meta.labels[TOKEN_LABEL] == row.token and meta.labels[TI_ID_LABEL] == row.id
+    assert meta.labels["airflow-worker"] == str(sched.job_id)  # the provider's own labels are intact
+    program = (container.command or []) + (container.args or [])
+    assert program[0] == "python" and "fenced_k8s_executor.worker" in " ".join(program[:3])
 
 
-@pytest.mark.parametrize("legacy_value", [None, str(JOB)])
-def test_legacy_rows_get_the_stock_treatment(world, make_executor, legacy_value):
-    """Rows queued by a stock scheduler carry no token (or the job id): never fenced, so a
-    same-id re-queue behaves exactly as under the stock executor."""
-    executor = make_executor("fenced", JOB)
-    (ti,) = world.tis("legacy", job_id=JOB, with_token=False)
-    if legacy_value:
-        with world.engine.begin() as conn:
-            conn.exec_driver_sql("UPDATE task_instance SET external_executor_id=%s WHERE id=%s", (legacy_value, ti.id))
-        ti = seed.SeededTI(**{**ti.__dict__, "token": legacy_value})
-    world.queue(executor, ti)
-    world.queue(executor, ti)  # a second job of the same launch, as under race a1
-    executor.sync()
-    pods = world.pods(ti)
-    assert len(pods) == 2  # what the stock executor does
-    assert all(TOKEN_ANNOTATION not in (p.metadata.annotations or {}) for p in pods)
-    assert executor.event_buffer[world.ref(ti, JOB).key] == ("queued", str(JOB))  # stock info
+@pytest.mark.parametrize("legacy_value", ["none", "job_id"])
+def test_legacy_rows_and_pods_get_the_stock_treatment(world, legacy_value):
+    """A stock scheduler queued the TI (row: no token, or its job id after its QUEUED event) and
+    made a pod without a token, then died. The fenced peer adopts that pod like the stock
+    executor does, never deletes it, and its terminal event reaches the scheduler."""
+    old = world.scheduler("stock")
+    world.queue(old)
+    old.executor.sync()
+    if legacy_value == "job_id":
+        old.process_events()
+    row = world.row("t1")
+    assert row.token == (str(old.job_id) if legacy_value == "job_id" else None)
+    pod = world.pod_of(row)
+    assert TOKEN_ANNOTATION not in (world.kube.read_namespaced_pod(pod, world.namespace).metadata.annotations or {})
+    world.set_pod_phase(pod, "Running")
+    world.kill(old)
+    peer = world.scheduler("fenced", sweep_interval="0.3")
+    peer.adopt_or_reset_orphans()
+    after = world.row("t1")
+    assert (after.id, after.queued_by_job_id) == (row.id, peer.job_id)  # adopted, not reset
+    assert row.key in peer.executor.running
+    live = world.kube.read_namespaced_pod(pod, world.namespace)
+    assert live.metadata.labels["airflow-worker"] == str(peer.job_id)
+    world.settle(peer.executor, 1.0)
+    world.set_pod_phase(pod, "Succeeded")
+    world.sync_until(peer.executor, lambda: row.key not in peer.executor.running, timeout=6)
+    assert row.key not in peer.executor.running
+    assert row.key in peer.executor.event_buffer
+    assert world.deletes_by(peer) == []
 
 
-def test_audit_mode_reports_but_acts_like_stock(world, make_executor, caplog):
+def _a1(world, sched):
+    world.queue(sched)
+    first = world.row("t1")
+    world.requeue_stuck(sched)
+    return first, world.row("t1")
+
+
+def test_audit_mode_reports_but_acts_like_stock(world, caplog):
     """Race a1 under audit: both pods are created (stock), the drop is reported as not enforced."""
-    executor = make_executor("fenced", JOB, mode="audit", sweep_interval="0.3")
-    (ti,) = world.tis("audit", job_id=JOB)
-    world.queue(executor, ti)
-    ti2 = seed.requeue_same_id(world.engine, ti, JOB)
-    world.queue(executor, ti2)
+    sched = world.scheduler("fenced", mode="audit", sweep_interval="0.3")
+    first, second = _a1(world, sched)
     with caplog.at_level(logging.INFO, logger="fenced_k8s_executor"):
-        executor.sync()
-        world.settle(executor, 1.5)  # post-create re-check and sweep run, and only report
-    assert len([p for p in world.pods(ti) if not p.metadata.deletion_timestamp]) == 2
-    assert world.deletes_by(f"scheduler-{JOB}") == []
+        sched.executor.sync()
+        world.settle(sched.executor, 1.5)  # post-create re-check and sweep run, and only report
+    assert len(world.live_pods(second)) == 2
+    assert world.deletes_by(sched) == []
     lines = [r.getMessage() for r in caplog.records]
     assert any("decision=launch.dropped" in m and "reason=superseded" in m and "enforced=False" in m for m in lines)
     assert any("decision=pod.stale" in m and "path=sweep" in m and "enforced=False" in m for m in lines)
-    assert not any(ti.token in m or ti2.token in m for m in lines)  # short tokens only
+    assert not any(first.token in m or second.token in m for m in lines)  # short tokens only
 
 
-def test_off_mode_is_the_stock_executor(world, make_executor):
-    executor = make_executor("fenced", JOB, mode="off")
-    (ti,) = world.tis("off", job_id=JOB)
-    world.queue(executor, ti)
-    ti2 = seed.requeue_same_id(world.engine, ti, JOB)
-    world.queue(executor, ti2)
-    executor.sync()
-    assert len(world.pods(ti)) == 2
-    assert executor.event_buffer[world.ref(ti, JOB).key] == ("queued", str(JOB))
+def test_off_mode_is_the_stock_executor(world):
+    sched = world.scheduler("fenced", mode="off")
+    first, second = _a1(world, sched)
+    sched.executor.sync()
+    assert len(world.pods(second)) == 2
+    assert sched.executor.event_buffer[second.key] == ("queued", str(sched.job_id))
 
 
-def test_bad_option_fails_at_start_naming_option_and_values(world, make_executor):
+def test_bad_option_fails_at_start_naming_option_and_values(world):
     with pytest.raises(config.FencedConfigError) as excinfo:
-        make_executor("fenced", JOB, mode="strict")
+        world.scheduler("fenced", mode="strict")
     assert "[fenced_kubernetes_executor] mode" in str(excinfo.value)
     assert "enforce | audit | off" in str(excinfo.value)
 
