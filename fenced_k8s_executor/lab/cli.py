@@ -15,7 +15,8 @@ from fenced_k8s_executor.lab.scenarios import DEFAULT, SCENARIOS
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fenced-k8s-repro",
-        description="Run real Airflow HA (embedded PostgreSQL, Kubernetes API emulator, process kubelet) "
+        description="Run real Airflow HA (embedded PostgreSQL, Kubernetes API emulator or a real kube-apiserver, "
+        "process kubelet) "
         "through the failure modes of apache/airflow#69760 with the stock and the fenced executor.",
         epilog="Subcommand: `fenced-k8s-repro bench --help` for the cost benchmark.",
     )
@@ -27,7 +28,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes (what CI runs)")
     p.add_argument("--out", type=Path, default=None, help="directory for evidence, Markdown report and PNG timelines")
     p.add_argument("--json", type=Path, default=None, help="write the measurements as JSON")
+    p.add_argument("--kube", choices=["emulator", "real"], default="emulator",
+                   help="Kubernetes API: the emulator (fresh per run; every scenario), or a real kube-apiserver "
+                   "v1.36.2 + etcd started from KUBEBUILDER_ASSETS (fault-free scenarios only)")
+    p.add_argument("--kubeconfig", type=Path, default=None,
+                   help="run on an existing cluster (e.g. kind) instead; fault-free scenarios only, no audit log")
     return p
+
+
+_FAULT_CONTROLS = {"fault", "clear_faults", "watch_gap"}
+
+
+def needs_faults(fn: Any, _seen: set | None = None) -> bool:
+    """Whether a scenario's drive function (or a module function it calls) injects API faults or
+    watch gaps, which only the emulator can do on demand."""
+    import inspect
+
+    seen = _seen if _seen is not None else set()
+    if fn in seen or not inspect.isfunction(fn):
+        return False
+    seen.add(fn)
+    names = set(fn.__code__.co_names)
+    return bool(names & _FAULT_CONTROLS) or any(needs_faults(fn.__globals__.get(n), seen) for n in names)
+
+
+def _open_kube(args: argparse.Namespace, say) -> Any:
+    """None (a fresh emulator per run), or a shared real apiserver / existing cluster."""
+    kubeconfig = getattr(args, "kubeconfig", None)
+    kind = getattr(args, "kube", "emulator")
+    if not kubeconfig and kind == "emulator":
+        return None
+    from fenced_k8s_executor.lab.controlplane import Shared, open_backend
+
+    t0 = time.time()
+    backend = open_backend(kind, kubeconfig)
+    say(f"Kubernetes API: {backend.name} at {backend.url} (ready in {time.time() - t0:.1f}s)")
+    return Shared(backend)
 
 
 def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, Any]]]:
@@ -42,24 +78,39 @@ def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, An
     if unknown:
         raise SystemExit(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)} or all")
     executors = ["stock", "fenced"] if args.executor == "both" else [args.executor]
+    if getattr(args, "kubeconfig", None) or getattr(args, "kube", "emulator") != "emulator":
+        emulator_only = [n for n in names if needs_faults(SCENARIOS[n].drive)]
+        if emulator_only:
+            say(f"skipping {emulator_only}: they inject API faults, which only the emulator does on demand")
+        names = [n for n in names if n not in emulator_only]
+        if not names:
+            raise SystemExit("no fault-free scenario selected for a real Kubernetes API")
     out = args.out or Path(tempfile.mkdtemp(prefix="fenced-lab-"))
     say(f"fenced-k8s-repro: scenarios {names}, executors {executors}, seed {args.seed}, evidence in {out}")
     started = time.time()
+    kube = _open_kube(args, say)
     say("starting embedded PostgreSQL (migrated template cached after the first run)")
-    pg = start_from_template()
+    try:
+        pg = start_from_template()
+    except BaseException:
+        if kube is not None:
+            kube._backend.stop()
+        raise
     results: dict[str, dict[str, dict[str, Any]]] = {}
     try:
         for name in names:
             runs = {}
             for executor in executors:
                 outcome = run_one(SCENARIOS[name], executor, pg_server=pg, out_dir=out, seed=args.seed,
-                                  quick=args.quick, schedulers=args.schedulers, say=say)
+                                  quick=args.quick, schedulers=args.schedulers, say=say, kube=kube)
                 results.setdefault(name, {})[executor] = outcome["metrics"]
                 runs[executor] = outcome["evidence"]
             if args.out:
                 report.write_timeline(name, runs, out / f"{name}-timeline.png")
     finally:
         pg.stop()
+        if kube is not None:
+            kube._backend.stop()
     say(report.table(results))
     say(f"\ntotal wall time {time.time() - started:.0f}s")
     if args.json:

@@ -197,8 +197,11 @@ def _neighbour_pod_template(neighbour: Any, ours: dict[str, str], start_delay: f
 
 
 def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path, seed: int, quick: bool,
-            schedulers: int, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """One scenario on one executor; returns the measurements (and writes the evidence)."""
+            schedulers: int, say: Callable[[str], None] = print, kube: Any = None) -> dict[str, Any]:
+    """One scenario on one executor; returns the measurements (and writes the evidence).
+
+    kube: the Kubernetes API to run on (a `lab.controlplane.Shared` backend: real apiserver or an
+    existing cluster); None starts a fresh emulator for this run."""
     from fenced_k8s_executor.lab.kubeapi import Emulator
     from fenced_k8s_executor.lab.kubelet import LongTailDelay, ProcessKubelet
     from fenced_k8s_executor.lab.postgres import new_airflow_db
@@ -217,7 +220,7 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
         say("  statsd is not installed: executor slot gauges are not measured")
     env = {**COMMON_ENV, **scenario.env, **(scenario.fenced_env if executor == "fenced" else {}),
            **(gauges.env() if gauges else {})}
-    emulator = Emulator()
+    emulator = kube if kube is not None else Emulator()
     emulator.start()
     stack = kubelet = neighbour = None
     started = time.time()

@@ -243,6 +243,8 @@ class AirflowStack:
 
     kube_url: the Kubernetes API (emulator) URL; kube_token(role) names each process' token
     (registered with `emulator.set_tokens` when an emulator control object is passed).
+    emulator: optionally a kube backend (`Emulator`, `lab.controlplane.ControlPlane`/`ExternalCluster`):
+    it then writes the kubeconfigs (TLS CA, or an external cluster's credentials) and creates the namespace.
     env: extra environment (AIRFLOW__SECTION__KEY overrides) for every process, workers included.
     Use as a context manager; processes are also stopped at interpreter exit.
     """
@@ -256,7 +258,8 @@ class AirflowStack:
         self.log_dir = self.run_dir / "logs"
         for d in (self.home, self.log_dir, self.run_dir / "kube"):
             d.mkdir(parents=True, exist_ok=True)
-        self.db_url, self.kube_url, self.namespace = db_url, kube_url, namespace
+        # a DNS label, as a real apiserver demands of namespace names (scenario names have underscores)
+        self.db_url, self.kube_url, self.namespace = db_url, kube_url, namespace.replace("_", "-").lower()
         self.dags_folder = str(Path(dags_folder).resolve())
         self.executor, self.n_schedulers = executor, schedulers
         self.kube_token, self.with_dag_processor = kube_token, dag_processor
@@ -305,6 +308,9 @@ class AirflowStack:
     def kubeconfig(self, role: str) -> Path:
         if self.emulator is not None and hasattr(self.emulator, "set_tokens"):
             self.emulator.set_tokens({self.kube_token(role): role})
+        if hasattr(self.emulator, "write_kubeconfig"):  # a kube backend: its CA, or an external cluster's credentials
+            return Path(self.emulator.write_kubeconfig(str(self.run_dir / "kube" / f"{role}.kubeconfig"),
+                                                       token=self.kube_token(role), namespace=self.namespace))
         return write_kubeconfig(self.run_dir / "kube" / f"{role}.kubeconfig", self.kube_url,
                                 self.kube_token(role), self.namespace)
 
@@ -349,6 +355,8 @@ class AirflowStack:
             atexit.register(self.stop)
             self._atexit = True
         t0 = time.monotonic()
+        if hasattr(self.emulator, "ensure_namespace"):  # a real apiserver needs the namespace to exist
+            self.emulator.ensure_namespace(self.namespace)
         try:
             self._add("api-server", "api-server", "-H", "127.0.0.1", "-p", str(self.api_port), "-w", "1")
             if self.with_dag_processor:
