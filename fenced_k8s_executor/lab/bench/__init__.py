@@ -5,26 +5,37 @@ Scenarios (docs/performance.md): pre-creation check per batch, pod launch throug
 an in-process approximation of the scheduler loop. Stock and fenced repetitions alternate
 (ABBA) in one process run; figures are medians and fenced/stock ratios.
 
-    python -m fenced_k8s_executor.lab.bench [--quick] [--json FILE] [--only precreate,launch,...]
+    fenced-k8s-repro bench [--quick|--smoke] [--json FILE] [--only queue,launch,...] [--backend both]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-SCENARIOS = ("precreate", "launch", "state", "sweep", "loop")
+SCENARIOS = ("queue", "precreate", "launch", "state", "sweep", "inflight", "loop")
 
-FULL = {"history": (50, 40, 5), "precreate_sizes": [1, 8, 32, 128], "precreate_reps": 8, "launch_pods": 500,
-        "launch_reps": 4, "batch_size": 32, "state_events": 100, "state_reps": 6, "sweep_sizes": [100, 1000, 10000],
-        "sweep_reps": 3, "stale_fraction": 0.01, "page_size": 500, "loop_tasks": 100, "loop_reps": 4,
+FULL = {"history": (50, 40, 5), "queue_workloads": 500, "queue_reps": 6, "precreate_sizes": [1, 8, 32, 128],
+        "precreate_reps": 8, "launch_pods": 500, "launch_reps": 4, "batch_size": 32, "state_events": 100,
+        "state_reps": 6, "sweep_sizes": [100, 1000, 10000, 100000], "sweep_reps": 3, "stale_fraction": 0.01,
+        "page_size": 500, "sweep_namespaces": [1, 4, 16], "sweep_schedulers": [1, 2, 4], "sweep_fixed_pods": 10000,
+        "inflight_sizes": [10, 100, 1000], "inflight_syncs": 10, "loop_tasks": 100, "loop_reps": 4,
         "heartbeat": 0.1, "kubelet_max_running": 16}
-QUICK = {**FULL, "history": (10, 10, 5), "precreate_reps": 2, "launch_pods": 64, "launch_reps": 1,
-         "state_events": 20, "state_reps": 2, "sweep_sizes": [100, 500], "sweep_reps": 1, "loop_tasks": 10,
-         "loop_reps": 1}
+QUICK = {**FULL, "history": (10, 10, 5), "queue_workloads": 100, "queue_reps": 2, "precreate_reps": 2,
+         "launch_pods": 64, "launch_reps": 2, "state_events": 20, "state_reps": 2, "sweep_sizes": [100, 1000, 10000],
+         "sweep_reps": 1, "sweep_namespaces": [1, 4], "sweep_schedulers": [1, 2], "sweep_fixed_pods": 1000,
+         "inflight_sizes": [10, 100], "inflight_syncs": 4, "loop_tasks": 10, "loop_reps": 2}
+#: The smoke test's sizes: every scenario and key, counts only (tests/lab/test_bench_smoke.py).
+SMOKE = {**QUICK, "history": (5, 4, 5), "queue_workloads": 16, "queue_reps": 1, "precreate_reps": 1,
+         "launch_pods": 16, "launch_reps": 1, "batch_size": 8, "state_events": 8, "state_reps": 1,
+         "sweep_sizes": [100, 600], "sweep_namespaces": [1, 2], "sweep_schedulers": [1, 2], "sweep_fixed_pods": 200,
+         "inflight_sizes": [4, 16], "inflight_syncs": 2, "loop_tasks": 3, "loop_reps": 1, "heartbeat": 0.05}
+#: On the real kube-apiserver pods are created by POST (about 10 ms each here): the sweep stops at 10,000.
+REAL_LIMITS = {"sweep_sizes": [100, 1000, 10000]}
 
 
 def machine() -> dict:
@@ -43,60 +54,121 @@ def machine() -> dict:
             "machine": platform.machine(), "processor": platform.processor() or None, "versions": versions}
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
     from fenced_k8s_executor.lab.bench import creation, events, report, sweeping
     from fenced_k8s_executor.lab.bench.env import Lab, progress
 
-    cfg = QUICK if args.quick else FULL
+    cfg = dict(SMOKE if args.smoke else QUICK if args.quick else FULL)
+    if backend == "real":
+        cfg["sweep_sizes"] = [n for n in cfg["sweep_sizes"] if n <= max(REAL_LIMITS["sweep_sizes"])]
+    if args.reps:
+        for k in ("queue_reps", "precreate_reps", "launch_reps", "state_reps", "sweep_reps", "loop_reps"):
+            cfg[k] = args.reps
+    if args.sweep_sizes:
+        cfg["sweep_sizes"] = [int(x) for x in args.sweep_sizes.split(",")]
     only = set(args.only.split(",")) if args.only else set(SCENARIOS)
     started = time.monotonic()
-    lab = Lab.start(Path(args.workdir) if args.workdir else None)
-    result: dict = {"quick": bool(args.quick), "config": cfg, "machine": machine()}
+    workdir = Path(args.workdir) / backend if args.workdir else None
+    progress(f"=== backend: {backend} ===")
+    lab = Lab.start(workdir, backend=backend, stock_pagination=args.stock_pagination)
+    lab.profile_dir = Path(args.profile) / backend if args.profile else None
+    result: dict = {"backend": backend, "quick": bool(args.quick), "smoke": bool(args.smoke), "config": cfg,
+                    "machine": machine()}
+    spreads: dict = {}
     try:
         with lab.engine.connect() as conn:
             result["machine"]["postgresql"] = conn.exec_driver_sql("SHOW server_version").scalar()
+        result["machine"]["load_before"] = os.getloadavg()
+        result["kube"] = {"backend": backend, "url": lab.emu_url,
+                          "list_pagination": None if backend == "real" else
+                          ("stock emulator" if args.stock_pagination else "lazy (lab/bench/emuserver.py)")}
         lab.seed_history(*cfg["history"])
         result["metadata_db"] = {"task_instances": len(lab.history), "dags": cfg["history"][0],
                                  "runs_per_dag": cfg["history"][1], "tasks_per_run": cfg["history"][2]}
         raw: dict = {}
+        if "queue" in only:
+            progress("queue time (trigger_tasks -> execute_async)")
+            raw["queue"] = r = creation.queue_time(lab, cfg["queue_workloads"], cfg["queue_reps"])
+            result["queue_time_seconds"] = r["seconds"]
+            result["queue_time_us_per_workload"] = r["us_per_workload"]
+            result["queue_time_ratio"] = r["ratio"]
+            spreads["queue_time_ratio"] = r["spread"]
         if "precreate" in only:
-            progress("1/5 pre-creation check")
+            progress("pre-creation check")
             raw["precreate"] = r = creation.precreate(lab, cfg["precreate_sizes"], cfg["precreate_reps"])
             result["precreate_round_trips_per_batch"] = r["round_trips"]
             result["precreate_wire_round_trips_per_batch"] = r["wire_round_trips"]
             result["precreate_seconds_per_batch"] = r["seconds"]
             result["precreate_wall_ratio"] = r["wall_ratio"]
+            spreads["precreate_wall_ratio"] = r["spread"]
         if "launch" in only:
-            progress("2/5 pod launch throughput")
+            progress("pod launch throughput")
             raw["launch"] = r = creation.launch(lab, cfg["launch_pods"], cfg["launch_reps"], cfg["batch_size"])
             result["launch_pods_per_second"] = r["pods_per_second"]
             result["launch_throughput_ratio"] = r["ratio"]
+            spreads["launch_throughput_ratio"] = r["spread"]
             result["launch_build_pod_seconds"] = r["build_pod_seconds"]
             result["launch_trigger_seconds"] = r["trigger_seconds"]
+            result["launch_statements_per_pod"] = r["statements_per_pod"]
         if "state" in only:
-            progress("3/5 state-change fence")
+            progress("state-change fence")
             raw["state"] = r = events.state_change(lab, cfg["state_events"], cfg["state_reps"])
             result["state_change_seconds_per_event"] = r["seconds_per_event"]
             result["state_change_added_us_per_event"] = r["added_us_per_event"]
             result["state_change_fence_us_per_event"] = r["fence_us_per_event"]
             result["state_change_ratio"] = r["ratio"]
+            spreads["state_change_ratio"] = r["spread"]
         if "sweep" in only:
-            progress("4/5 sweep")
+            progress("sweep")
             raw["sweep"] = r = sweeping.sweep(lab, cfg["sweep_sizes"], cfg["sweep_reps"], cfg["stale_fraction"],
-                                              cfg["page_size"])
+                                              cfg["page_size"], cfg["sweep_namespaces"], cfg["sweep_fixed_pods"],
+                                              cfg["sweep_schedulers"])
             result["sweep_seconds"] = r["seconds"]
             result["sweep_api_calls"] = r["api_calls"]
             result["sweep_db_queries"] = r["db_queries"]
             result["sweep_pages"] = r["pages"]
+            result["sweep_peak_bytes"] = r["peak_bytes"]
+            result["sweep_fit"] = report.fit([int(k) for k in r["seconds"]], list(r["seconds"].values()))
+            if "namespaces" in r:
+                result["sweep_namespaces"] = {k: {"seconds": r["namespaces"]["seconds"][k],
+                                                  "pages": r["namespaces"]["pages"][k],
+                                                  "api_lists": r["namespaces"]["api_lists"][k],
+                                                  "db_queries": r["namespaces"]["db_queries"][k]}
+                                              for k in r["namespaces"]["seconds"]}
+            if "schedulers" in r:
+                result["sweep_schedulers"] = {k: {"seconds": r["schedulers"]["seconds"][k],
+                                                  "sweeps": r["schedulers"]["sweeps"][k],
+                                                  "api_lists": r["schedulers"]["api_lists"][k],
+                                                  "db_queries": r["schedulers"]["db_queries"][k]}
+                                              for k in r["schedulers"]["seconds"]}
+        if "inflight" in only:
+            progress("loop with launches in flight (per-loop reconcile)")
+            raw["inflight"] = r = events.in_flight(lab, cfg["inflight_sizes"], cfg["inflight_syncs"])
+            result["loop_statements_per_sync"] = r["statements_per_sync"]
+            result["loop_wire_round_trips_per_sync"] = r["wire_per_sync"]
+            result["loop_api_calls_per_sync"] = r["api_calls_per_sync"]
+            result["inflight_sync_seconds"] = r["p50"]
+            result["inflight_sync_ratio"] = {k: v["median"] for k, v in r["spread"].items()}
+            spreads["inflight_sync_ratio"] = r["spread"]
+            result["inflight_fit"] = {k: report.fit([int(n) for n in r["p50"]], [v[k] for v in r["p50"].values()])
+                                      for k in ("stock", "fenced")}
         if "loop" in only:
-            progress("5/5 scheduler loop (in-process approximation)")
+            progress("scheduler loop (in-process approximation)")
             raw["loop"] = r = events.scheduler_loop(lab, cfg["loop_tasks"], cfg["loop_reps"], cfg["heartbeat"],
                                                     cfg["kubelet_max_running"])
             result["sync_p50_seconds"] = r["p50"]
             result["sync_p99_seconds"] = r["p99"]
             result["sync_p50_ratio"] = r["p50_ratio"]
             result["sync_p99_ratio"] = r["p99_ratio"]
+            spreads["sync_p50_ratio"] = r["spread"]["p50"]
+            spreads["sync_p99_ratio"] = r["spread"]["p99"]
+            result["sync_statements_per_sync"] = r["statements_per_sync"]
+            result["sync_wire_round_trips_per_sync"] = r["wire_per_sync"]
+            result["sync_api_calls_per_sync"] = r["api_calls_per_sync"]
+            result["sync_api_verbs"] = r["api_verbs"]
+        result["ratio_spreads"] = spreads
         result["raw"] = raw
+        result["machine"]["load_after"] = os.getloadavg()
         result["targets"] = report.targets(result)
         result["seconds"] = time.monotonic() - started
     finally:
@@ -107,17 +179,75 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fenced-k8s-repro bench", description=__doc__.split("\n")[0])
     ap.add_argument("--json", metavar="FILE", help="write all figures (and raw samples) to FILE")
-    ap.add_argument("--quick", action="store_true", help="small sizes, one repetition (smoke test)")
+    ap.add_argument("--quick", action="store_true", help="small sizes, two repetitions (a few minutes)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition: counts only (the smoke test)")
     ap.add_argument("--only", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    ap.add_argument("--backend", choices=("emulator", "real", "both"), default="both",
+                    help="both (default): the emulator, then the real kube-apiserver if KUBEBUILDER_ASSETS (or"
+                         " ~/.cache/fenced-envtest) has one")
+    ap.add_argument("--reps", type=int, help="override every scenario's ABBA repetitions")
+    ap.add_argument("--sweep-sizes", help="override the sweep sizes, e.g. 1000,100000")
+    ap.add_argument("--stock-pagination", action="store_true",
+                    help="the lab emulator's own list pagination (O(N) per page) instead of the bench's lazy one")
+    ap.add_argument("--profile", metavar="DIR", help="cProfile the fenced hot paths (first fenced repetition)")
     ap.add_argument("--workdir", help="where logs and kubeconfigs go (default: a temp dir)")
     args = ap.parse_args(argv)
     if args.only and not set(args.only.split(",")) <= set(SCENARIOS):
         ap.error(f"--only takes {','.join(SCENARIOS)}")
     from fenced_k8s_executor.lab.bench import report
+    from fenced_k8s_executor.lab.bench.env import progress
 
-    result = run(args)
-    print(report.table(result))
+    backends = ["emulator", "real"] if args.backend == "both" else [args.backend]
+    result: dict = {}
+    for backend in backends:
+        if backend == "real":
+            from fenced_k8s_executor.lab.controlplane import find_assets
+
+            assets, why = find_assets()
+            if assets is None:
+                if args.backend == "real":
+                    ap.error(f"no kube-apiserver: {why}")
+                progress(f"real kube-apiserver skipped: {why}")
+                result["real"] = {"skipped": why}
+                continue
+        if backend == "real" and args.backend == "both":
+            figures = _run_real_subprocess(argv if argv is not None else sys.argv[1:])
+        else:
+            figures = run(args, backend)
+        print(f"\n== {backend} ==")
+        print(report.table(figures))
+        if backend == "emulator" or args.backend == "real":
+            result.update(figures)
+        else:
+            result["real"] = figures
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
         print(f"figures written to {args.json}", file=sys.stderr)
     return 0
+
+
+def _run_real_subprocess(argv: list[str]) -> dict:
+    """The real-apiserver run in a fresh process (its own PostgreSQL, executors and GIL)."""
+    import subprocess
+    import tempfile
+
+    keep, skip = [], False
+    for a in argv:  # drop --json FILE / --backend X / --profile-free nothing else
+        if skip:
+            skip = False
+            continue
+        if a in ("--json", "--backend"):
+            skip = True
+            continue
+        if a.startswith("--json=") or a.startswith("--backend="):
+            continue
+        keep.append(a)
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+        out = fh.name
+    proc = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.bench", *keep, "--backend", "real",
+                           "--json", out], stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        return {"backend": "real", "error": f"exit {proc.returncode}", "stdout": proc.stdout[-4000:]}
+    figures = json.loads(Path(out).read_text())
+    os.unlink(out)
+    return figures

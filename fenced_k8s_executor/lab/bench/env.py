@@ -67,6 +67,21 @@ def interleaved(reps: int) -> Iterator[tuple[int, str]]:
             yield rep, kind
 
 
+def spread(stock: list[float], fenced: list[float]) -> dict:
+    """fenced/stock per repetition (rep i's stock sample with rep i's fenced sample, both taken
+    back to back in ABBA order), and their median, min and max. A target is met only when the
+    whole spread (min..max) meets it."""
+    per = [f / s if s else float("nan") for s, f in zip(stock, fenced)]
+    return {"median": median(per), "min": min(per) if per else float("nan"),
+            "max": max(per) if per else float("nan"), "per_rep": per, "reps": len(per)}
+
+
+def fmt_spread(sp: dict) -> str:
+    if sp["reps"] <= 1:
+        return f"{sp['median']:.3f} (1 rep)"
+    return f"{sp['median']:.3f} [{sp['min']:.3f}-{sp['max']:.3f}]"
+
+
 # ---------------------------------------------------------------- DB round-trip counting
 
 
@@ -143,30 +158,41 @@ class Proc:
 # ---------------------------------------------------------------- the lab
 
 
+BENCH_USERS = (["admin", "bench", "sweeper", "bench-setup"] + [f"scheduler-{i}" for i in range(1001, 1601)]
+               + [f"kubelet-b{i}" for i in range(200)])
+
+
 @dataclass
 class Lab:
     workdir: Path
+    backend: str = "emulator"  # or "real": kube-apiserver + etcd from KUBEBUILDER_ASSETS
     pg: Any = None
     url: str = ""
     engine: Any = None  # our own (NullPool) engine for seeding; not counted
     emu_proc: Proc | None = None
-    emu: Any = None  # EmulatorControl
+    emu: Any = None  # EmulatorControl, or the ControlPlane (same audit/summary/set_tokens interface)
     emu_url: str = ""
     trips: RoundTrips | None = None
     executors: list = field(default_factory=list)
     procs: list = field(default_factory=list)
     history: list = field(default_factory=list)  # (ti_id, token) of the seeded history TIs
     _job_ids: Any = None
+    _namespaces: set = field(default_factory=set)
+    _kubelets: int = 0
+    profile_dir: Path | None = None  # --profile: cProfile of the fenced hot paths goes here
 
     # ---- lifecycle
 
     @classmethod
-    def start(cls, workdir: Path | None = None) -> "Lab":
-        lab = cls(Path(workdir or tempfile.mkdtemp(prefix="fenced-bench-")))
+    def start(cls, workdir: Path | None = None, backend: str = "emulator", stock_pagination: bool = False) -> "Lab":
+        lab = cls(Path(workdir or tempfile.mkdtemp(prefix="fenced-bench-")), backend=backend)
         lab.workdir.mkdir(parents=True, exist_ok=True)
         try:
             lab._start_db()
-            lab._start_emulator()
+            if backend == "real":
+                lab._start_real()
+            else:
+                lab._start_emulator(stock_pagination)
         except BaseException:
             lab.stop()
             raise
@@ -174,6 +200,10 @@ class Lab:
 
         lab._job_ids = itertools.count(1001)
         return lab
+
+    @property
+    def real(self) -> bool:
+        return self.backend == "real"
 
     def stop(self) -> None:
         for ex in self.executors:
@@ -186,6 +216,8 @@ class Lab:
             p.stop()
         if self.emu_proc:
             self.emu_proc.stop()
+        if self.real and self.emu is not None:
+            self.emu.stop()
         if self.engine is not None:
             self.engine.dispose()
         if self.pg is not None:
@@ -212,22 +244,49 @@ class Lab:
         self.trips = RoundTrips(settings.engine)
         quiet_logs()
 
-    def _start_emulator(self) -> None:
+    def _start_emulator(self, stock_pagination: bool) -> None:
         from fenced_k8s_executor.lab.kubeapi import EmulatorControl
 
-        self.emu_proc = Proc([sys.executable, "-m", "fenced_k8s_executor.lab.kubeapi", "--port", "0",
-                              "--history-size", "20000", "--tokens", json.dumps({"bench": "bench"})],
+        self.emu_proc = Proc([sys.executable, "-m", "fenced_k8s_executor.lab.bench.emuserver", "--port", "0",
+                              "--history-size", "20000", "--tokens", json.dumps({"bench": "bench"})]
+                             + (["--stock-pagination"] if stock_pagination else []),
                              self.workdir / "emulator.log")
         self.emu_url = self.emu_proc.ready_line("READY").split()[1]
         self.emu = EmulatorControl(self.emu_url)
-        progress(f"Kubernetes API emulator (subprocess) at {self.emu_url}")
+        progress(f"Kubernetes API emulator (subprocess) at {self.emu_url}"
+                 f" ({'stock' if stock_pagination else 'lazy'} list pagination)")
+
+    def _start_real(self) -> None:
+        from fenced_k8s_executor.lab.controlplane import ControlPlane
+
+        progress("starting etcd + kube-apiserver from KUBEBUILDER_ASSETS")
+        self.emu = ControlPlane(workdir=self.workdir / "controlplane", users=BENCH_USERS).start()
+        self.emu_url = self.emu.url
+        progress(f"real kube-apiserver at {self.emu_url} (started in {self.emu.startup_seconds:.1f}s)")
+
+    def _bench_control(self, method: str, path: str, body: Any = None) -> dict:
+        import urllib.request
+
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.emu_url}/_bench/{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            return json.loads(resp.read())
+
+    def ensure_namespace(self, namespace: str) -> None:
+        if self.real and namespace not in self._namespaces:
+            self.emu.ensure_namespace(namespace)
+        self._namespaces.add(namespace)
 
     def kubeconfig(self, token: str, namespace: str = "default") -> str:
+        path = self.workdir / "kube" / f"{token}-{namespace}.kubeconfig"
+        path.parent.mkdir(exist_ok=True)
+        self.ensure_namespace(namespace)
+        if self.real:
+            return self.emu.write_kubeconfig(str(path), token=token, namespace=namespace)
         from fenced_k8s_executor.lab.kubeconfig import write_kubeconfig
 
         self.emu.set_tokens({token: token})
-        path = self.workdir / "kube" / f"{token}-{namespace}.kubeconfig"
-        path.parent.mkdir(exist_ok=True)
         return write_kubeconfig(str(path), self.emu_url, token=token, namespace=namespace)
 
     def core_api(self, token: str = "bench", namespace: str = "default"):
@@ -235,8 +294,14 @@ class Lab:
 
         return client.CoreV1Api(config.new_client_from_config(config_file=self.kubeconfig(token, namespace)))
 
-    def pod_count(self) -> int:
-        return int(self.emu.summary()["pods"])
+    def pods_in(self, namespace: str) -> int:
+        """Pods in one namespace (not timed: a bench control on the emulator, a list on the real one)."""
+        if not self.real:
+            return int(self._bench_control("GET", f"count?namespace={namespace}")["pods"])
+        from fenced_k8s_executor import pods as podsmod
+
+        api = self.core_api("bench", namespace)
+        return sum(len(page) for page in podsmod.list_pages(api, namespace, label_selector="", page_size=5000))
 
     def api_calls(self, since: int, who: str | None = None) -> list[dict]:
         return [e for e in self.emu.audit(since) if who is None or e.get("who") == who]
@@ -244,13 +309,9 @@ class Lab:
     def audit_mark(self) -> int:
         return int(self.emu.summary()["audit"])
 
-    def pod_count_ns(self, namespace: str) -> int:
-        if not hasattr(self, "_core"):
-            self._core = self.core_api()
-        return len(self._core.list_namespaced_pod(namespace).items)
-
     def start_kubelet(self, namespace: str, max_running: int = 16) -> Proc:
-        kc = self.kubeconfig(f"kubelet-{namespace}", namespace)
+        self._kubelets += 1
+        kc = self.kubeconfig(f"kubelet-b{self._kubelets}", namespace)
         p = Proc([sys.executable, "-m", "fenced_k8s_executor.lab.kubelet", "--kubeconfig", kc, "--namespace",
                   namespace, "--node-name", f"node-{namespace}", "--max-running", str(max_running), "--workdir", str(self.workdir / f"kubelet-{namespace}")],
                  self.workdir / f"kubelet-{namespace}.log")
@@ -406,3 +467,29 @@ def timed() -> Iterator[list]:
         yield box
     finally:
         box.append(time.perf_counter() - t0)
+
+
+@contextmanager
+def profiled(lab: Lab, name: str) -> Iterator[None]:
+    """cProfile the block into ``<profile_dir>/<name>.prof`` and ``.txt`` (top 40 by cumulative
+    time, then by own time) when ``--profile`` is on; otherwise nothing."""
+    if lab.profile_dir is None:
+        yield
+        return
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        lab.profile_dir.mkdir(parents=True, exist_ok=True)
+        prof.dump_stats(str(lab.profile_dir / f"{name}.prof"))
+        out = io.StringIO()
+        stats = pstats.Stats(prof, stream=out)
+        stats.sort_stats("cumulative").print_stats(40)
+        stats.sort_stats("tottime").print_stats(25)
+        (lab.profile_dir / f"{name}.txt").write_text(out.getvalue())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from fenced_k8s_executor.lab.bench.env import Lab, forget, interleaved, median, percentile, progress, workload
+from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interleaved, median, percentile, profiled,
+                                               progress, spread, workload)
 
 
 def state_change(lab: Lab, events: int, reps: int) -> dict:
@@ -20,7 +21,7 @@ def state_change(lab: Lab, events: int, reps: int) -> dict:
         for ti in lab.queued_tis(events, ex.job_id, f"state_{kind}"):
             ex.queue_workload(workload(ti), session=None)
         ex.trigger_tasks(open_slots=events)
-        while len(ex.running) and lab.pod_count_ns(ns) < events:
+        while len(ex.running) and lab.pods_in(ns) < events:
             ex.sync()
         pods = lab.core_api().list_namespaced_pod(ns).items
         watches[kind] = [KubernetesWatch(p.metadata.name, ns, None, dict(p.metadata.annotations),
@@ -38,7 +39,9 @@ def state_change(lab: Lab, events: int, reps: int) -> dict:
         out["raw"][mode] = raw
         out["seconds_per_event"][mode] = per
         out["added_us_per_event"][mode] = (per["fenced"] - per["stock"]) * 1e6
-        out["ratio"][mode] = per["fenced"] / per["stock"]
+        sp = spread([x["seconds"] for x in raw["stock"]], [x["seconds"] for x in raw["fenced"]])
+        out.setdefault("spread", {})[mode] = sp
+        out["ratio"][mode] = sp["median"]
         out.setdefault("fence_us_per_event", {})[mode] = median([x["fence_seconds"] for x in raw["fenced"]]) / events * 1e6
         progress(f"state change ({mode}): stock {per['stock'] * 1e6:.0f} us/event, fenced"
                  f" {per['fenced'] * 1e6:.0f} us/event (+{out['added_us_per_event'][mode]:.0f} us);"
@@ -88,23 +91,31 @@ def _state_once(lab: Lab, ex, watches: list, mode: str) -> dict:
 def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: float, max_running: int) -> dict:
     """p50/p99 of sync() for two executors (two 'schedulers') of one kind running
     ``tasks_per_scheduler`` trivial pods each through a process kubelet; stock and fenced runs
-    alternate. An in-process approximation of the lab's scheduler loop (see docs/performance.md)."""
+    alternate (ABBA). Per repetition: p50/p99, DB statements and API calls per sync; ratios are
+    taken per repetition pair. An in-process approximation of the lab's scheduler loop."""
     raw: dict = {"stock": [], "fenced": []}
     for rep, kind in interleaved(reps):
         sample = _loop_once(lab, kind, rep, tasks_per_scheduler, heartbeat, max_running)
         raw[kind].append(sample)
-        progress(f"scheduler loop rep {rep} {kind}: {len(sample['syncs'])} syncs, p50"
-                 f" {percentile(sample['syncs'], 50) * 1e3:.1f} ms, p99 {percentile(sample['syncs'], 99) * 1e3:.1f} ms,"
-                 f" {sample['seconds']:.1f}s for {sample['done']} tasks")
-    out: dict = {"raw": raw, "p50": {}, "p99": {}, "tasks": 2 * tasks_per_scheduler}
+        progress(f"scheduler loop rep {rep} {kind}: {len(sample['syncs'])} syncs, p50 {sample['p50'] * 1e3:.1f} ms,"
+                 f" p99 {sample['p99'] * 1e3:.1f} ms, {sample['statements_per_sync']:.2f} DB statements and"
+                 f" {sample['api_calls_per_sync']:.2f} API calls per sync, {sample['seconds']:.1f}s for"
+                 f" {sample['done']} tasks")
+    out: dict = {"raw": raw, "p50": {}, "p99": {}, "pooled": {}, "tasks": 2 * tasks_per_scheduler}
     for kind, samples in raw.items():
         allsyncs = [s for x in samples for s in x["syncs"]]
-        out["p50"][kind] = percentile(allsyncs, 50)
-        out["p99"][kind] = percentile(allsyncs, 99)
-        out.setdefault("p99_per_rep", {})[kind] = [percentile(x["syncs"], 99) for x in samples]
+        out["pooled"][kind] = {"p50": percentile(allsyncs, 50), "p99": percentile(allsyncs, 99), "syncs": len(allsyncs)}
+        out["p50"][kind] = median([x["p50"] for x in samples])
+        out["p99"][kind] = median([x["p99"] for x in samples])
         out.setdefault("run_seconds", {})[kind] = median([x["seconds"] for x in samples])
-    out["p50_ratio"] = out["p50"]["fenced"] / out["p50"]["stock"]
-    out["p99_ratio"] = out["p99"]["fenced"] / out["p99"]["stock"]
+        out.setdefault("statements_per_sync", {})[kind] = median([x["statements_per_sync"] for x in samples])
+        out.setdefault("wire_per_sync", {})[kind] = median([x["wire_per_sync"] for x in samples])
+        out.setdefault("api_calls_per_sync", {})[kind] = median([x["api_calls_per_sync"] for x in samples])
+        out.setdefault("api_verbs", {})[kind] = samples[0]["api_verbs"]
+    out["spread"] = {q: spread([x[q] for x in raw["stock"]], [x[q] for x in raw["fenced"]]) for q in ("p50", "p99")}
+    out["p50_ratio"] = out["spread"]["p50"]["median"]
+    out["p99_ratio"] = out["spread"]["p99"]["median"]
+    progress(f"scheduler loop: p50 ratio {fmt_spread(out['spread']['p50'])}, p99 ratio {fmt_spread(out['spread']['p99'])}")
     return out
 
 
@@ -120,15 +131,22 @@ def _loop_once(lab: Lab, kind: str, rep: int, per: int, heartbeat: float, max_ru
             ex.queue_workload(workload(ti), session=None)
             ti_of[(ti.dag_id, ti.task_id, ti.run_id)] = str(ti.id)
     syncs: list[float] = []
+    statements: list[int] = []
+    wire: list[int] = []
     done: set = set()
+    mark = lab.audit_mark()
     t0 = time.monotonic()
     deadline = t0 + 60 + per * 2
     while len(done) < 2 * per and time.monotonic() < deadline:
         for ex in execs:
             ex.trigger_tasks(open_slots=32)
+            before = lab.trips.snapshot()
             s0 = time.perf_counter()
             ex.sync()
             syncs.append(time.perf_counter() - s0)
+            db = lab.trips.since(before)
+            statements.append(db["statements"])
+            wire.append(db["wire"])
             started = []
             for key, (state, info) in ex.get_event_buffer().items():
                 ti_id = ti_of.get((key.dag_id, key.task_id, key.run_id))
@@ -141,10 +159,79 @@ def _loop_once(lab: Lab, kind: str, rep: int, per: int, heartbeat: float, max_ru
             lab.set_ti_state(started, "success")
         time.sleep(heartbeat)
     seconds = time.monotonic() - t0
+    whos = {f"scheduler-{ex.job_id}" for ex in execs}
+    calls = [c for c in lab.api_calls(mark) if c.get("who") in whos and c.get("verb") != "watch"]
+    verbs: dict = {}
+    for c in calls:
+        verbs[c.get("verb")] = verbs.get(c.get("verb"), 0) + 1
     for ex in execs:
         lab.end_executor(ex)
     kubelet.stop()
     lab.procs.remove(kubelet)
     if len(done) < 2 * per:
         progress(f"WARNING: scheduler loop {kind} rep {rep}: only {len(done)} of {2 * per} tasks finished")
-    return {"syncs": syncs, "seconds": seconds, "done": len(done)}
+    n = max(1, len(syncs))
+    return {"syncs": syncs, "statements": statements, "seconds": seconds, "done": len(done),
+            "p50": percentile(syncs, 50), "p99": percentile(syncs, 99),
+            "statements_per_sync": sum(statements) / n, "wire_per_sync": sum(wire) / n,
+            "api_calls_per_sync": len(calls) / n, "api_verbs": verbs}
+
+
+def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> dict:
+    """Idle syncs with N launches in flight (pods created, never started: no kubelet, so every
+    one stays Pending and the fenced executor re-checks all N each loop). Per N: DB statements,
+    API calls and the time per sync, stock vs fenced, syncs alternating ABBA."""
+    out: dict = {"sizes": sizes, "syncs": syncs, "raw": {}, "statements_per_sync": {}, "api_calls_per_sync": {},
+                 "p50": {}, "spread": {}, "pending": {}}
+    for n in sizes:
+        execs = {}
+        for kind in ("stock", "fenced"):
+            ns = f"bench-inflight-{n}-{kind}"
+            ex = execs[kind] = lab.executor(kind, namespace=ns, batch_size=batch_size)
+            for ti in lab.queued_tis(n, ex.job_id, f"inflight_{kind}"):
+                ex.queue_workload(workload(ti), session=None)
+            ex.trigger_tasks(open_slots=n)
+            guard = 0
+            while lab.pods_in(ns) < n and guard < 3 * n // batch_size + 20:
+                ex.sync()
+                guard += 1
+            for _ in range(3):  # let the watcher's ADDED/Pending events drain
+                time.sleep(0.2)
+                ex.sync()
+        pending = len(execs["fenced"].book.pending()) if hasattr(execs["fenced"], "book") else None
+        raw: dict = {"stock": [], "fenced": []}
+        mark = lab.audit_mark()
+        for i, kind in interleaved(syncs):
+            ex = execs[kind]
+            before = lab.trips.snapshot()
+            with profiled(lab, f"inflight_{n}_sync_fenced") if (kind == "fenced" and i == 0) else _null():
+                s0 = time.perf_counter()
+                ex.sync()
+                seconds = time.perf_counter() - s0
+            raw[kind].append({"seconds": seconds, "db": lab.trips.since(before)})
+        calls = lab.api_calls(mark)
+        key = str(n)
+        out["raw"][key] = raw
+        out["pending"][key] = pending
+        out["statements_per_sync"][key] = {k: max(x["db"]["statements"] for x in v) for k, v in raw.items()}
+        out.setdefault("wire_per_sync", {})[key] = {k: max(x["db"]["wire"] for x in v) for k, v in raw.items()}
+        out["api_calls_per_sync"][key] = {
+            k: sum(1 for c in calls if c.get("who") == f"scheduler-{execs[k].job_id}" and c.get("verb") != "watch")
+            / syncs for k in raw}
+        out["p50"][key] = {k: median([x["seconds"] for x in v]) for k, v in raw.items()}
+        out["spread"][key] = spread([x["seconds"] for x in raw["stock"]], [x["seconds"] for x in raw["fenced"]])
+        progress(f"in flight {n}: fenced pending {pending}; sync p50 stock {out['p50'][key]['stock'] * 1e3:.2f} ms,"
+                 f" fenced {out['p50'][key]['fenced'] * 1e3:.2f} ms; DB statements per sync"
+                 f" {out['statements_per_sync'][key]}, API calls per sync {out['api_calls_per_sync'][key]}")
+        for ex in execs.values():
+            forget(ex)
+            lab.end_executor(ex)
+    return out
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return None
