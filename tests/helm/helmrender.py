@@ -46,6 +46,9 @@ INSTALL_SH = SHARED_HELM / "install.sh"
 RELEASE = "airflow"
 NAMESPACE = "airflow"
 
+#: libyaml when available: parsing a render is ~10x faster than the pure-Python loader.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 #: The chart's default image; the project image must replace it everywhere.
 STOCK_AIRFLOW_REPOSITORY = "apache/airflow"
 
@@ -214,7 +217,7 @@ def render(minihelm, tmp_path_factory):
                 values: dict = {}
                 for p in paths:
                     values = merge_values(values, yaml.safe_load(p.read_text()) or {})
-                docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+                docs = [d for d in yaml.load_all(proc.stdout, Loader=_LOADER) if d]
                 cache[key] = Rendered(tuple(paths), docs, values)
         result = cache[key]
         if isinstance(result, RenderError):

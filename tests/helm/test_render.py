@@ -27,6 +27,7 @@ from helmrender import (
     ROOT,
     STOCK_AIRFLOW_REPOSITORY,
     RenderError,
+    chart_version,
     env_of,
     kind_image,
     project_image,
@@ -245,3 +246,9 @@ def test_class_path_in_executor_leaves_the_scheduler_unbound(render):
     rendered = render(PRODUCTION, {"env": [], "executor": FENCED_CLASS})
     with pytest.raises(AssertionError, match="does not bind the scheduler"):
         _check_scheduler_can_launch_pods(rendered)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/helm.md", "docs/kind.md"])
+def test_docs_name_the_chart_version_that_was_rendered(doc):
+    """The docs say which chart CI renders; keep them true if ../shared/helm/chart changes."""
+    assert chart_version() in (ROOT / doc).read_text(), f"{doc} does not name chart {chart_version()}"
