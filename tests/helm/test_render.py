@@ -252,3 +252,36 @@ def test_class_path_in_executor_leaves_the_scheduler_unbound(render):
 def test_docs_name_the_chart_version_that_was_rendered(doc):
     """The docs say which chart CI renders; keep them true if ../shared/helm/chart changes."""
     assert chart_version() in (ROOT / doc).read_text(), f"{doc} does not name chart {chart_version()}"
+
+
+def test_up_sh_chart_copy_renders_the_same_manifests(render, minihelm, kind_secrets, tmp_path):
+    """kind-config/up.sh installs a copy of the chart without the (disabled, absent) postgresql
+    dependency entry; docs/kind.md says it renders the same manifests. Same awk program as up.sh."""
+    import shutil
+    import subprocess
+
+    from helmrender import CHART, NAMESPACE as NS, RELEASE as REL
+
+    text = (ROOT / "kind-config" / "up.sh").read_text()
+    program = re.search(r"awk '(/\^dependencies:/[^']*)'", text)
+    assert program, "up.sh no longer strips the dependency with awk"
+    copy = tmp_path / "chart"
+    shutil.copytree(CHART, copy)
+    for p in [copy, *copy.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o200)
+    stripped = subprocess.run(["awk", program.group(1), str(CHART / "Chart.yaml")], check=True,
+                              capture_output=True, text=True).stdout
+    assert "dependencies:" not in stripped and "name: airflow" in stripped
+    (copy / "Chart.yaml").write_text(stripped)
+    (copy / "Chart.lock").unlink(missing_ok=True)
+    kind_values = HELM_VALUES / "fenced-ha.yaml"
+    out = subprocess.run([str(minihelm), REL, str(copy), NS, "-f", str(kind_values), "-f", str(kind_secrets)],
+                         check=True, capture_output=True, text=True).stdout
+
+    def comparable(docs):
+        # The chart generates a random redis password on every render (unused by KubernetesExecutor).
+        return [d for d in docs if (d["metadata"].get("labels") or {}).get("component") != "redis"]
+
+    ours = comparable([d for d in yaml.safe_load_all(out) if d])
+    assert len(ours) > 20
+    assert ours == comparable(render(kind_values, kind_secrets).docs)
