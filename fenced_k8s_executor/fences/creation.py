@@ -146,6 +146,8 @@ class CreationFence:
             return super()._should_create_pod_for_job(task)
         launch, verdict = entry
         create = verdict.act if self._enforcing else verdict.stock
+        if create:
+            self._arm(task, launch)
         if not verdict.act:
             metrics.decision(
                 "launch.dropped",
