@@ -83,6 +83,11 @@ def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, An
         if emulator_only:
             say(f"skipping {emulator_only}: they inject API faults, which only the emulator does on demand")
         names = [n for n in names if n not in emulator_only]
+        if getattr(args, "kubeconfig", None):  # one set of credentials: no second deployment's own callers
+            two = [n for n in names if SCENARIOS[n].neighbour]
+            if two:
+                say(f"skipping {two}: a second deployment needs its own tokens, an existing cluster has one caller")
+            names = [n for n in names if n not in two]
         if not names:
             raise SystemExit("no fault-free scenario selected for a real Kubernetes API")
     out = args.out or Path(tempfile.mkdtemp(prefix="fenced-lab-"))
