@@ -6,7 +6,14 @@ and, for each unbound Pending pod: waits a start delay (to model quota/autoscale
 waits for a node slot (capacity), binds the pod, runs the first container's `command + args`
 with the pod's env, and reports Pending -> Running -> Succeeded/Failed through `/status`, as a
 real kubelet would. Deletion follows the kubelet's contract: SIGTERM, grace period, SIGKILL,
-then the final delete with gracePeriodSeconds=0 and a uid precondition.
+then the final delete with gracePeriodSeconds=0 and a uid precondition (both in the
+DeleteOptions body: a real kube-apiserver ignores ?gracePeriodSeconds= when a body is sent).
+
+Against a real kube-apiserver (tests/lab/test_kubelet.py runs both) everything goes through the
+API: `pods/binding`, `pods/status` merge patches, the final delete. Only pod output differs: the
+emulator serves the kubelet's output file as `pods/log`; a real apiserver would proxy pods/log
+to a kubelet on a Node object that does not exist (404), so read the file named by the pod's
+record (`log_file`) instead.
 
 Every pod leaves JSON-lines records (a full snapshot on each transition; the last line per uid
 wins, see `read_records`) that the lab's measurements read.
