@@ -1,0 +1,46 @@
+"""Drop-in proof: the cncf-kubernetes provider's own executor tests pass against
+FencedKubernetesExecutor wherever they pass against the stock KubernetesExecutor.
+
+The suite comes from the installed provider's sdist (``upstream_fetch``); both runs happen in
+subprocesses in this one pytest run (``upstream_run``); the fenced run uses the fenced
+executor's defaults, sweep thread included. A test that passes on stock and not on fenced fails
+this test unless ``allowlist.txt`` lists it with a reason.
+"""
+
+from __future__ import annotations
+
+from upstream_run import ALLOWLIST, compare, read_allowlist, run_suites
+
+#: The suite must really have run: a broken harness must not pass as "no regressions".
+MIN_STOCK_PASSED = 100
+
+
+def test_provider_suite_passes_on_fenced_wherever_it_passes_on_stock(upstream_suite, upstream_report, tmp_path):
+    runs = run_suites(upstream_suite, tmp_path)
+    stock, fenced = runs["stock"], runs["fenced"]
+    pin = "pinned sha256" if upstream_suite.pinned else "UNPINNED sha256 (checked by pip against the index)"
+    upstream_report.append(f"apache-airflow-providers-cncf-kubernetes {upstream_suite.provider_version} "
+                           f"sdist, {pin} {upstream_suite.sha256[:16]}")
+    upstream_report.extend(run.summary() for run in (stock, fenced))
+
+    for run in (stock, fenced):
+        assert run.returncode in (0, 1) and run.outcomes, (
+            f"the {run.executor} run did not complete (exit {run.returncode}); see {run.log}:\n"
+            + run.log.read_text()[-3000:])
+    assert stock.count("passed") >= MIN_STOCK_PASSED, f"stock run too small to prove anything: {stock.summary()}"
+    upstream_report.append(f"fenced executor in the fenced run: {fenced.evidence}")
+    # Fenced on its defaults: enforce mode, sweeper included, in every start.
+    assert fenced.evidence.get("started", 0) > 0, "no FencedKubernetesExecutor was started in the fenced run"
+    assert fenced.evidence["started"] == fenced.evidence.get("started mode=enforce") == fenced.evidence.get(
+        "started with a sweeper"), fenced.evidence
+
+    allow = read_allowlist()
+    regressions = compare(stock, fenced)
+    upstream_report.extend(f"{'allowlisted' if t in allow else 'REGRESSION'}: {t}" for t in regressions)
+    stale = sorted(set(allow) - set(regressions))
+    upstream_report.extend(f"stale allowlist entry (passes on fenced now, remove it): {t}" for t in stale)
+    unexpected = [t for t in regressions if t not in allow]
+    assert not unexpected, (
+        f"pass on stock, fail on fenced ({len(unexpected)}): {unexpected}\n"
+        f"fenced log: {fenced.log}\n" + fenced.log.read_text()[-6000:])
+    assert not stale, f"{ALLOWLIST.name} lists tests that pass on fenced now: {stale}"
