@@ -23,6 +23,11 @@ REQUIRED_EXECUTOR_HOOKS = (
     "adopt_launched_task",
     "revoke_task",
     "_list_pods",
+    # guards (API faults) and the 410-surviving watcher
+    "_adopt_completed_pods",
+    "get_pod_combined_search_str_to_pod_map",
+    "try_adopt_task_instances",
+    "_make_safe_label_value",
 )
 
 

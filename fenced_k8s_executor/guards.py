@@ -1,0 +1,185 @@
+"""API fault guards: a transient Kubernetes API error never leaves the scheduler's heartbeat.
+
+The provider lets several periodic API calls raise into the scheduler loop: the completed-pod
+adoption LIST in ``sync()`` (a 500 there crashes the scheduler), the LIST in ``revoke_task``
+(stuck-in-queued handling) and in ``try_adopt_task_instances`` (orphan adoption), and a failed
+pod DELETE or a dropped PATCH inside ``_change_state``, which the provider re-queues on the very
+queue it is draining, so a persistent fault spins the heartbeat forever.
+
+:class:`ApiGuard` wraps those calls narrowly (each override calls ``super()``). An API error
+(any ``ApiException``: 5xx, 429, 403, ...; a connection error or timeout) is logged once,
+counted as ``api_error`` tagged with the call and the status, and the work is retried on the
+next loop. An API error is never evidence: nothing is deleted, reset or dropped because of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import TRANSIENT_CONNECTION_ERRORS
+
+from fenced_k8s_executor import metrics
+
+log = logging.getLogger("fenced_k8s_executor")
+
+_API_ERRORS: tuple[type[BaseException], ...] = (
+    ApiException,
+    *TRANSIENT_CONNECTION_ERRORS,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def is_api_error(error: BaseException) -> bool:
+    """An error from talking to the Kubernetes API (status or transport), not a bug of ours."""
+    return isinstance(error, _API_ERRORS)
+
+
+def status_of(error: BaseException) -> str:
+    status = getattr(error, "status", None)
+    return str(status) if status else type(error).__name__
+
+
+def report(call: str, error: BaseException, then: str = "retrying next loop") -> None:
+    """The one log line and the one metric of an API error."""
+    status = status_of(error)
+    metrics.incr("api_error", {"call": call, "status": status})
+    log.warning("fenced_k8s_executor API error call=%s status=%s %s: %s", call, status, then,
+                str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
+
+
+@dataclass(frozen=True)
+class _Orphan:
+    """What adoption needs of a dead scheduler's TI once its session is gone."""
+
+    id: str
+    key: Any
+    external_executor_id: str | None
+    queued_by_job_id: int
+
+
+class ApiGuard:
+    """Executor mixin (first in the bases): guards the periodic API calls of the scheduler loop."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deferred_results: list = []  # state changes an API error postponed to the next loop
+        self._pending_adoption: dict[Any, _Orphan] = {}  # adopted in the DB, pods not relabelled yet
+
+    # ---------------------------------------------------------------- heartbeat
+
+    def sync(self) -> None:
+        if self._deferred_results and self.result_queue is not None:
+            deferred, self._deferred_results = self._deferred_results, []
+            for results in deferred:  # ahead of this loop's watcher results, as they came
+                self.result_queue.put(results)
+        if self._pending_adoption and self.kube_client is not None:
+            try:
+                self._finish_adoption()
+            except Exception as error:
+                if not is_api_error(error):
+                    raise
+                report("adoption", error)
+        try:
+            super().sync()
+        except Exception as error:
+            if not is_api_error(error):
+                raise
+            report("sync", error)
+
+    def _adopt_completed_pods(self, kube_client: Any) -> None:
+        try:
+            super()._adopt_completed_pods(kube_client)
+        except Exception as error:
+            if not is_api_error(error):
+                raise
+            report("adopt_completed_pods", error)
+            self._last_completed_pod_adoption = float("-inf")  # due again on the next loop
+
+    def _change_state(self, results: Any, **kwargs: Any) -> None:
+        try:
+            super()._change_state(results, **kwargs)
+        except Exception as error:
+            if not is_api_error(error):
+                raise  # the provider re-queues it
+            # Not re-raised: the provider would put it back on the queue it is draining and
+            # retry it at once, for as long as the fault lasts.
+            report("change_state", error, then=f"pod {results.namespace}/{results.pod_name} retried next loop")
+            self._deferred_results.append(results)
+
+    # ---------------------------------------------------------------- revoke
+
+    def get_pod_combined_search_str_to_pod_map(self) -> dict:
+        try:
+            return super().get_pod_combined_search_str_to_pod_map()
+        except Exception as error:
+            if not is_api_error(error):
+                raise
+            report("revoke_list", error, then="no pod revoked by coordinates (the sweep follows up)")
+            return {}
+
+    def revoke_task(self, *, ti: Any) -> None:
+        try:
+            super().revoke_task(ti=ti)
+        except Exception as error:
+            if not is_api_error(error):
+                raise
+            report("revoke", error, then="the sweep follows up")
+
+    # ---------------------------------------------------------------- adoption
+
+    def try_adopt_task_instances(self, tis: Any) -> Any:
+        try:
+            return super().try_adopt_task_instances(tis)
+        except Exception as error:
+            if not is_api_error(error):
+                raise
+            failure = error
+        # The dead scheduler's pods could not be listed: no evidence that they are gone, so no
+        # TI is reset. They are adopted in the DB (as when their pods were found) and their pods
+        # relabelled on the next loops; TIs without a scheduler are reset as the provider does.
+        to_reset = [ti for ti in tis if not ti.queued_by_job_id]
+        for ti in tis:
+            if ti.queued_by_job_id and ti.key not in self.running:
+                self._pending_adoption[ti.key] = _Orphan(str(ti.id), ti.key, ti.external_executor_id,
+                                                         int(ti.queued_by_job_id))
+        report("adoption", failure, then=f"{len(self._pending_adoption)} TIs adopted, pods relabelled next loop")
+        return to_reset
+
+    def _finish_adoption(self) -> None:
+        """Relabel the pods of TIs adopted while their dead scheduler's pods could not be listed."""
+        from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import POD_EXECUTOR_DONE_KEY
+
+        for job_id in sorted({o.queued_by_job_id for o in self._pending_adoption.values()}):
+            orphans = {key: o for key, o in self._pending_adoption.items() if o.queued_by_job_id == job_id}
+            label = self._make_safe_label_value(str(job_id))
+            query = {
+                "field_selector": "status.phase!=Succeeded",
+                "label_selector": f"kubernetes_executor=True,airflow-worker={label},{POD_EXECUTOR_DONE_KEY}!=True",
+            }
+            try:
+                found = self._list_pods(query)
+            except Exception as error:
+                if not is_api_error(error):
+                    raise
+                report("adoption", error, then=f"{len(orphans)} pods of scheduler {job_id} relabelled next loop")
+                return
+            flush = dict(orphans)
+            adopting, self._adopting = getattr(self, "_adopting", {}), dict(orphans)
+            try:
+                for pod in found:
+                    self.adopt_launched_task(self.kube_client, pod, flush)
+            finally:
+                self._adopting = adopting
+            for key in orphans:
+                self._pending_adoption.pop(key, None)
+            unresolved = [key for key in orphans if key not in self.running]
+            if unresolved:
+                metrics.incr("adoption.unresolved", count=len(unresolved))
+                log.warning("fenced_k8s_executor adoption: no pod found for %d TIs of scheduler %s "
+                            "(left to stuck-in-queued and task heartbeats)", len(unresolved), job_id)
+            self._last_completed_pod_adoption = float("-inf")  # its finished pods: next loop

@@ -1,0 +1,300 @@
+"""A pod watcher that survives 410 Gone (and every other API error) without losing events.
+
+The provider's ``KubernetesJobWatcher`` dies on a 410: ``Watch.stream`` is lazy, so the
+``try/except`` in ``_pod_events`` never sees the error, and with ``timeout_seconds`` set the
+client does not retry either. The ``ApiException(410)`` escapes ``_run``, ``run`` re-raises it, the
+process exits, and ``_health_check_kube_watchers`` starts a new one from resourceVersion "0" on
+a later executor loop. Pods deleted in that gap never get their DELETED event; finished pods
+still present are reported a second time.
+
+``ResilientJobWatcher`` runs the same ``_run``/``process_status`` code, in the same separate process
+(no DB), and adds what a client-go reflector does:
+
+- it tracks the pods it has seen (name, resourceVersion, last object) and the resourceVersion
+  of the last event it handed to ``process_status``;
+- after any error it resumes from that resourceVersion; after a 410 (raised by the client or
+  returned by ``process_error``) it relists, starts watching from the list's resourceVersion,
+  and turns the difference between the list and what it had seen into events: new or changed
+  pods as ADDED/MODIFIED, vanished pods as the DELETED event the provider would have received
+  (a pod that left the selector: its current object, which ``process_status`` reports as
+  ADOPTED; a deleted pod: its last known object with a deletion timestamp). A vanished pod
+  whose terminal phase was already reported is not reported again;
+- it starts with such a list instead of a watch from "0", so its own relists never replay.
+
+The executor makes its ``AirflowKubernetesScheduler`` build watchers of this class
+(:class:`ResilientWatcherMixin`), so restarts by the provider's health check use it too.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from types import MethodType
+from typing import Any, Iterator
+
+from kubernetes.client.rest import ApiException
+from urllib3.exceptions import ReadTimeoutError
+
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import ALL_NAMESPACES, POD_EXECUTOR_DONE_KEY
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import KubernetesJobWatcher
+
+from fenced_k8s_executor import metrics
+
+log = logging.getLogger("fenced_k8s_executor")
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+RELIST_PAGE_SIZE = 500
+#: Seconds between attempts after an API error (doubling up to the maximum).
+BACKOFF_START = 0.5
+BACKOFF_MAX = 15.0
+
+
+#: Provider watcher hooks this module overrides or calls (checked at import).
+_WATCHER_HOOKS = ("run", "_run", "_pod_events", "process_status", "process_error")
+_missing = [name for name in _WATCHER_HOOKS if not callable(getattr(KubernetesJobWatcher, name, None))]
+if _missing:
+    from fenced_k8s_executor.compat import IncompatibleProviderError
+
+    raise IncompatibleProviderError(f"fenced-k8s-executor: KubernetesJobWatcher lacks {', '.join(_missing)}")
+
+
+def _is_gone(error: BaseException) -> bool:
+    return isinstance(error, ApiException) and str(getattr(error, "status", "")) == "410"
+
+
+def _status_of(error: BaseException) -> str:
+    status = getattr(error, "status", None)
+    return str(status) if status else type(error).__name__
+
+
+@dataclass
+class _Seen:
+    resource_version: str | None
+    pod: Any  # the V1Pod of the last event handed to process_status
+    phase: str | None
+
+
+class ResilientJobWatcher(KubernetesJobWatcher):
+    """``KubernetesJobWatcher`` that relists and resumes inside its process instead of dying."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._seen: dict[tuple[str, str], _Seen] = {}
+        self._last_rv: str | None = None  # of the last event processed (or of the last list)
+        self._current_rv: str | None = None  # of the event being processed
+        self._needs_relist = self.resource_version in (None, "", "0")
+        self._replay: list[dict] = []  # synthetic events of the last relist, not yet processed
+        self._in_replay = False
+        self._backoff = BACKOFF_START
+        self.relists = 0
+        self.errors = 0
+
+    # ---------------------------------------------------------------- the watch loop
+
+    def _run(self, kube_client: Any, resource_version: str | None, scheduler_job_id: str, kube_config: Any) -> str | None:
+        """One watch cycle of the provider, with a relist before it when needed and every error
+        turned into "resume (or relist) on the next cycle" instead of a dead process."""
+        try:
+            if self._needs_relist:
+                resource_version = self._relist(kube_client, scheduler_job_id, kube_config)
+            elif self._last_rv:
+                resource_version = self._last_rv
+            returned = super()._run(kube_client, resource_version, scheduler_job_id, kube_config)
+        except Exception as error:  # noqa: BLE001 - the watcher must outlive any one cycle
+            self._on_error(error)
+            return self._last_rv or resource_version
+        if returned == "0":  # process_error saw an ERROR event with code 410
+            self._on_gone("error event")
+        else:
+            self._backoff = BACKOFF_START
+        return self._last_rv or resource_version
+
+    def _pod_events(self, kube_client: Any, query_kwargs: dict) -> Iterator[dict]:
+        """The relist's synthetic events first, then the stream; remember each event's
+        resourceVersion once ``_run`` has processed it, and skip events already processed."""
+        while self._replay:  # an event leaves the list only once processed
+            self._in_replay = True
+            yield self._replay[0]
+            self._replay.pop(0)
+        self._in_replay = False
+        for event in super()._pod_events(kube_client, query_kwargs):
+            meta = getattr(event.get("object"), "metadata", None)
+            rv = getattr(meta, "resource_version", None)
+            if event.get("type") in ("ADDED", "MODIFIED") and meta is not None:
+                seen = self._seen.get((meta.namespace, meta.name))
+                if seen is not None and seen.resource_version == rv:
+                    self._last_rv = rv
+                    continue  # a resumed watch repeating what was already handed over
+            self._current_rv = rv
+            yield event
+            if rv:  # _run asked for the next event: this one went through process_status
+                self._last_rv = rv
+
+    def process_status(self, pod_name: str, namespace: str, status: str, annotations: dict, resource_version: str,
+                       event: Any) -> None:
+        key = (namespace, pod_name)
+        if event["type"] == "DELETED":
+            self._seen.pop(key, None)
+        else:
+            self._seen[key] = _Seen(resource_version, event["object"], status)
+        super().process_status(pod_name, namespace, status, annotations, resource_version, event)
+
+    # ---------------------------------------------------------------- errors
+
+    def _on_error(self, error: BaseException) -> None:
+        if _is_gone(error):
+            self._on_gone("status")
+            return
+        if isinstance(error, ReadTimeoutError):  # no event within the read timeout: just resume
+            log.debug("fenced_k8s_executor watcher %s: read timeout, resuming from %s", self.namespace, self._last_rv)
+            return
+        self.errors += 1
+        if _is_api_error(error):
+            metrics.incr("api_error", {"call": "watch", "status": _status_of(error)})
+            log.warning("fenced_k8s_executor watcher %s: API error %s, resuming from %s in %.1fs",
+                        self.namespace, _status_of(error), self._last_rv or "a relist", self._backoff)
+        else:  # the event being processed broke process_status: report it, do not retry it forever
+            metrics.incr("watcher.error", {"error": type(error).__name__})
+            log.exception("fenced_k8s_executor watcher %s: could not process an event (resourceVersion %s)",
+                          self.namespace, self._current_rv)
+            if self._in_replay and self._replay:
+                self._replay.pop(0)
+            elif self._current_rv:
+                self._last_rv = self._current_rv
+        if not self._last_rv:
+            self._needs_relist = True
+        time.sleep(self._backoff)
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+
+    def _on_gone(self, how: str) -> None:
+        metrics.incr("watcher.gone")
+        log.info("fenced_k8s_executor watcher %s: resourceVersion %s expired (410, %s); relisting",
+                 self.namespace, self._last_rv, how)
+        self._needs_relist = True
+
+    # ---------------------------------------------------------------- relist
+
+    def _relist(self, kube_client: Any, scheduler_job_id: str, kube_config: Any) -> str:
+        """List the watched pods, queue the events the gap hid, return the resourceVersion to
+        watch from. Raises on API errors (the cycle is retried, the relist with it)."""
+        selector = f"airflow-worker={scheduler_job_id},{POD_EXECUTOR_DONE_KEY}!=True"
+        request_args = dict(kube_config.kube_client_request_args or {})
+        pods, list_rv = self._list(kube_client, selector, request_args)
+        sanitize = kube_client.api_client.sanitize_for_serialization
+        events: list[dict] = []
+        listed = set()
+        for pod in pods:
+            key = (pod.metadata.namespace, pod.metadata.name)
+            listed.add(key)
+            seen = self._seen.get(key)
+            if seen is not None and seen.resource_version == pod.metadata.resource_version:
+                continue  # no change during the gap
+            events.append(_event("ADDED" if seen is None else "MODIFIED", pod, sanitize))
+        for key, seen in list(self._seen.items()):
+            if key in listed:
+                continue
+            final = self._final_state(kube_client, key, seen, request_args)
+            if final is None:  # deleted after its terminal phase was reported: nothing new
+                self._seen.pop(key, None)
+                continue
+            events.append(_event("DELETED", final, sanitize))
+        self._replay = events
+        self._needs_relist = False
+        self._last_rv = list_rv
+        self.relists += 1
+        metrics.incr("watcher.relist")
+        log.info("fenced_k8s_executor watcher %s: relisted %d pods at resourceVersion %s, %d events from the gap",
+                 self.namespace, len(pods), list_rv, len(events))
+        return list_rv
+
+    def _list(self, kube_client: Any, selector: str, request_args: dict) -> tuple[list, str]:
+        pods: list = []
+        token = None
+        while True:
+            kwargs = {"label_selector": selector, "limit": RELIST_PAGE_SIZE, **request_args}
+            if token:
+                kwargs["_continue"] = token
+            if self.namespace == ALL_NAMESPACES:
+                page = kube_client.list_pod_for_all_namespaces(**kwargs)
+            else:
+                page = kube_client.list_namespaced_pod(self.namespace, **kwargs)
+            pods.extend(page.items or [])
+            token = page.metadata._continue
+            if not token:
+                return pods, page.metadata.resource_version
+            # A continued list is consistent at the first page's resourceVersion.
+
+    def _final_state(self, kube_client: Any, key: tuple[str, str], seen: _Seen, request_args: dict) -> Any | None:
+        """The object of the DELETED event a pod that vanished from the list would have sent."""
+        namespace, name = key
+        try:
+            current = kube_client.read_namespaced_pod(name, namespace, **request_args)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            current = None
+        if current is not None:
+            return current  # left the selector (adopted, done) or still terminating: as it is now
+        if seen.phase in TERMINAL_PHASES:
+            return None
+        final = copy.deepcopy(seen.pod)
+        if not final.metadata.deletion_timestamp:
+            final.metadata.deletion_timestamp = datetime.now(timezone.utc)
+        return final
+
+
+def _event(kind: str, pod: Any, sanitize: Any) -> dict:
+    return {"type": kind, "object": pod, "raw_object": sanitize(pod)}
+
+
+def _is_api_error(error: BaseException) -> bool:
+    from fenced_k8s_executor.guards import is_api_error
+
+    return is_api_error(error)
+
+
+class ResilientWatcherMixin:
+    """Executor mixin: the kube scheduler builds ``ResilientJobWatcher`` processes, now and on
+    every restart by the provider's health check."""
+
+    def start(self) -> None:
+        super().start()
+        install_resilient_watchers(self.kube_scheduler)
+
+
+def _make_resilient_watcher(self: Any, namespace: str) -> ResilientJobWatcher:
+    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import ResourceVersion
+
+    watcher = ResilientJobWatcher(
+        watcher_queue=self.watcher_queue,
+        namespace=namespace,
+        resource_version=ResourceVersion().resource_version.get(namespace, "0"),
+        scheduler_job_id=self.scheduler_job_id,
+        kube_config=self.kube_config,
+        supports_task_instance_uuid=self.supports_task_instance_uuid,
+        team_name=self.team_name,
+    )
+    watcher.start()
+    return watcher
+
+
+def install_resilient_watchers(kube_scheduler: Any) -> None:
+    """Bind the watcher factory on this kube scheduler and replace the provider's watchers it
+    has just started (their events already queued stay queued)."""
+    if kube_scheduler is None:
+        return
+    kube_scheduler._make_kube_watcher = MethodType(_make_resilient_watcher, kube_scheduler)
+    for namespace, old in list(kube_scheduler.kube_watchers.items()):
+        if isinstance(old, ResilientJobWatcher):
+            continue
+        old.terminate()
+        old.join(timeout=10)
+        if old.is_alive():
+            old.kill()
+            old.join()
+        kube_scheduler.kube_watchers[namespace] = kube_scheduler._make_kube_watcher(namespace)
+    log.info("fenced_k8s_executor watchers relist on 410 (pid %s)",
+             ",".join(str(w.pid) for w in kube_scheduler.kube_watchers.values()) or "-")
