@@ -8,6 +8,7 @@ otherwise hands over to ``super()``.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,7 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         self._publish_failed: set[int] = set()
         self._state_verdicts: dict[int, tuple[LaunchIdentity | None, verdicts.Verdict, Any]] = {}
         self._reconciled = False
+        self._claim_lifetime = 600.0
         self._adopting: dict = {}  # key -> TI, during try_adopt_task_instances
 
     # ---------------------------------------------------------------- lifecycle
@@ -81,6 +83,9 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
     def start(self) -> None:
         self.fence = config.load(self.conf)
         self.deployment = self.fence.deployment_id or config.derive_deployment_id(self._metadata_db_url())
+        from airflow.configuration import conf
+
+        self._claim_lifetime = conf.getfloat("scheduler", "task_queued_timeout")
         super().start()
         if self.fence.fencing and self.fence.sweep_interval > 0:
             self.sweeper = Sweeper(
@@ -154,20 +159,25 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         namespace = getattr(meta, "namespace", None) or self.kube_config.kube_namespace
         return name, namespace
 
-    def _fence_pod(self, workload: Any, launch: LaunchIdentity, attempt: int) -> k8s.V1Pod:
-        """The pod override carrying the launch identity and its deterministic name (and, when
-        enforcing, the worker entrypoint). Audit names pods the same way so that it resolves
-        events from memory exactly as enforce does."""
-        shared = {"local_vars_configuration": _MODEL_CONFIG}
-        meta = k8s.V1ObjectMeta(annotations=launch.annotations(), labels=launch.labels(), **shared)
-        pod = k8s.V1Pod(metadata=meta, **shared)
-        if launch.token:
-            meta.name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token, attempt)
-            if self._enforcing and self.fence.worker_entrypoint:
-                from fenced_k8s_executor import worker
-
-                container = k8s.V1Container(name="base", args=worker.command_args(workload), **shared)
-                pod.spec = k8s.V1PodSpec(containers=[container], **shared)
+    def _with_identity(self, user_pod: k8s.V1Pod | None, workload: Any, launch: LaunchIdentity) -> k8s.V1Pod:
+        """The pod override: the user's ``pod_override`` plus the launch identity (labels,
+        annotations) and, with a token, the deterministic pod name; the identity wins, as with
+        ``PodGenerator.reconcile_pods(user_pod, identity)``, but without its deep copies: the
+        user's objects are copied shallowly, never changed. Audit names pods like enforce so
+        that it resolves events from memory exactly as enforce does."""
+        name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token) if launch.token else None
+        if user_pod is None:
+            meta = k8s.V1ObjectMeta(name=name, annotations=launch.annotations(), labels=launch.labels(),
+                                    local_vars_configuration=_MODEL_CONFIG)
+            return k8s.V1Pod(metadata=meta, local_vars_configuration=_MODEL_CONFIG)
+        pod = copy.copy(user_pod)
+        meta = copy.copy(user_pod.metadata) if user_pod.metadata is not None else k8s.V1ObjectMeta(
+            local_vars_configuration=_MODEL_CONFIG)
+        meta.labels = {**(meta.labels or {}), **launch.labels()}
+        meta.annotations = {**(meta.annotations or {}), **launch.annotations()}
+        if name:
+            meta.name = name
+        pod.metadata = meta
         return pod
 
     def execute_async(self, key: Any, command: Any, queue: str | None = None, executor_config: Any = None) -> None:
@@ -175,24 +185,12 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         if self.fence is None or self.fence.mode is config.Mode.OFF or workload is None:
             return super().execute_async(key, command, queue, executor_config)
         launch = self._launch_of_workload(workload)
-        if self._enforcing and launch.token and self.fence.launch_claim:
-            from airflow.configuration import conf
-
-            from fenced_k8s_executor import launch_claim
-
-            workload.token = launch_claim.mint(
-                self.jwt_generator,
-                ti_id=launch.ti_id,
-                token=launch.token,
-                valid_for=conf.getfloat("scheduler", "task_queued_timeout"),
-            )
         try:
             user_pod = PodGenerator.from_obj(executor_config)
         except Exception:  # the provider fails the task for an unreadable executor_config
             return super().execute_async(key, command, queue, executor_config)
-        fence_pod = self._fence_pod(workload, launch, attempt=0)
-        merged = PodGenerator.reconcile_pods(user_pod, fence_pod) if user_pod is not None else fence_pod
-        super().execute_async(key, command, queue, {**(executor_config or {}), "pod_override": merged})
+        override = self._with_identity(user_pod, workload, launch)
+        super().execute_async(key, command, queue, {**(executor_config or {}), "pod_override": override})
         if key in self.running:
             self.book.queued(key, launch)  # legacy launches too: their slot is theirs alone
         if launch.token:
@@ -201,6 +199,38 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
             # token (b5). The scheduler's own pre-assigned value is the token.
             if self.event_buffer.get(key) == (QUEUED, self.scheduler_job_id):
                 self.event_buffer.pop(key, None)
+
+    def _arm(self, job: KubernetesJob, launch: LaunchIdentity) -> None:
+        """Right before a pod is created for a current launch (never for a dropped one): mint the
+        launch claim into the workload JWT (so its lifetime starts at creation, whatever time the
+        job spent in quota or publish-retry loops) and point the container at the worker
+        entrypoint."""
+        if not (self._enforcing and launch.token):
+            return
+        workload = workload_of(job.command)
+        if workload is None:
+            return
+        if self.fence.launch_claim:
+            from fenced_k8s_executor import launch_claim
+
+            workload.token = launch_claim.mint(self.jwt_generator, ti_id=launch.ti_id, token=launch.token,
+                                               valid_for=self._claim_lifetime)
+        if self.fence.worker_entrypoint and job.kube_executor_config is not None:
+            from fenced_k8s_executor import worker
+
+            override = job.kube_executor_config
+            args = worker.command_args(workload)
+            spec = copy.copy(override.spec) if override.spec is not None else k8s.V1PodSpec(
+                containers=[], local_vars_configuration=_MODEL_CONFIG)
+            containers = list(spec.containers or [])
+            if containers:
+                first = copy.copy(containers[0])
+                first.args = args
+                containers[0] = first
+            else:
+                containers = [k8s.V1Container(name="base", args=args, local_vars_configuration=_MODEL_CONFIG)]
+            spec.containers = containers
+            override.spec = spec
 
     def _prime_launches(self) -> None:
         """Learn the identity of every pod this scheduler watches with metadata-only list pages,
