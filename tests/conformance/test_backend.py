@@ -1,6 +1,6 @@
 """The `kube_backend` interface (tests/conftest.py) behaves the same on the emulator and the real apiserver."""
 
-import time
+import pytest
 from kubernetes import client, config
 
 def test_backend_kubeconfig_audit_reset(kube, tmp_path):
@@ -15,3 +15,27 @@ def test_backend_kubeconfig_audit_reset(kube, tmp_path):
     kube.reset()
     assert kube.audit() == []
     assert v1.list_namespaced_pod("kb-test").items == []
+
+
+def test_missing_assets_give_the_reason(tmp_path, monkeypatch):
+    from fenced_k8s_executor.lab.controlplane import ControlPlane, find_assets
+
+    (tmp_path / "etcd").write_text("#!/bin/sh\n")
+    (tmp_path / "etcd").chmod(0o755)
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(tmp_path))
+    found, why = find_assets()
+    assert found is None and "KUBEBUILDER_ASSETS" in why and "lacks kube-apiserver" in why
+    with pytest.raises(FileNotFoundError):
+        ControlPlane()
+
+
+def test_real_backend_processes_and_tokens(envtest_session):
+    import os
+
+    kube_backend = envtest_session
+    assert kube_backend.url.startswith("https://127.0.0.1:")
+    for pid in kube_backend.pids:
+        os.kill(pid, 0)  # both alive, stopped by PID at session end
+    kube_backend.set_tokens({"scheduler-200": "scheduler-200", "kubelet": "kubelet"})
+    with pytest.raises(ValueError):
+        kube_backend.set_tokens({"not-provisioned": "x"})
