@@ -1,5 +1,7 @@
-"""`fenced-k8s-repro bench --quick` end to end (~25 s): every figure is produced and the fenced
-pre-creation check is one DB statement per batch. Counts only; no timing is asserted."""
+"""`fenced-k8s-repro bench --smoke` end to end on the emulator: every scenario runs at tiny sizes
+and writes its keys; the fenced pre-creation check and the per-loop in-flight reconcile are one DB
+statement each; the sweep's calls are O(pages). Counts and shapes only; no timing is asserted
+(ratios at these sizes and on a shared machine mean nothing)."""
 
 from __future__ import annotations
 
@@ -11,22 +13,35 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-KEYS = ("precreate_round_trips_per_batch", "precreate_wall_ratio", "launch_throughput_ratio", "sweep_seconds",
-        "sync_p99_ratio", "machine", "raw", "targets")
+KEYS = ("queue_time_ratio", "precreate_round_trips_per_batch", "precreate_wall_ratio", "launch_throughput_ratio",
+        "sweep_seconds", "sync_p50_ratio", "sync_p99_ratio", "loop_statements_per_sync", "ratio_spreads", "machine",
+        "raw", "targets", "sync_statements_per_sync", "sync_api_calls_per_sync", "sweep_peak_bytes")
 
 
-def test_bench_quick_writes_all_figures(tmp_path):
+def test_bench_smoke_writes_all_figures(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.bench", "--quick", "--json", str(out),
-                           "--workdir", str(tmp_path / "work")], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.bench", "--smoke", "--backend", "emulator",
+                           "--json", str(out), "--workdir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "fenced/stock" in proc.stdout  # the summary table
     figures = json.loads(out.read_text())
     for key in KEYS:
         assert key in figures, key
     trips = figures["precreate_round_trips_per_batch"]
-    assert set(trips) == {"1", "8", "32", "128"}
     assert {n: v["fenced"] for n, v in trips.items()} == {"1": 1, "8": 1, "32": 1, "128": 1}
     assert {n: v["stock"] for n, v in trips.items()} == {"1": 1, "8": 8, "32": 32, "128": 128}
     assert set(figures["launch_throughput_ratio"]) == {"sequential", "concurrent"}
+    # every ratio has its spread, under the same key
+    spreads = figures["ratio_spreads"]
+    for key in ("queue_time_ratio", "sync_p50_ratio", "sync_p99_ratio"):
+        assert set(spreads[key]) >= {"median", "min", "max", "per_rep", "reps"}, key
+    assert set(spreads["launch_throughput_ratio"]) == {"sequential", "concurrent"}
+    # one statement per loop for the in-flight reconcile, none for stock
+    assert {n: v["fenced"] for n, v in figures["loop_statements_per_sync"].items()} == {"4": 1, "16": 1}
+    assert {n: v["stock"] for n, v in figures["loop_statements_per_sync"].items()} == {"4": 0, "16": 0}
+    # the sweep: one list per page, lock + one query per page
+    for size, pages in figures["sweep_pages"].items():
+        assert figures["sweep_api_calls"][size]["list"] == pages
+        assert figures["sweep_db_queries"][size] == pages + 1
     assert figures["machine"]["cores"] and figures["machine"]["versions"]["apache-airflow"]

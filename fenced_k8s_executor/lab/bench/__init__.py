@@ -39,7 +39,6 @@ REAL_LIMITS = {"sweep_sizes": [100, 1000, 10000]}
 
 
 def machine() -> dict:
-    import os
     import platform
     from importlib.metadata import version
 
@@ -50,7 +49,20 @@ def machine() -> dict:
             versions[dist] = version(dist)
         except Exception:
             versions[dist] = None
-    return {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+    tree = {}
+    try:
+        import subprocess
+
+        root = Path(__file__).resolve().parents[3]
+        tree["head"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                                      text=True, timeout=10).stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "fenced_k8s_executor"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+        tree["uncommitted_package_files"] = sorted(line[3:] for line in dirty if line.strip()
+                                                   and "/lab/" not in line)
+    except Exception:
+        pass
+    return {"package_tree": tree, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
             "machine": platform.machine(), "processor": platform.processor() or None, "versions": versions}
 
 
@@ -92,7 +104,10 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["queue_time_seconds"] = r["seconds"]
             result["queue_time_us_per_workload"] = r["us_per_workload"]
             result["queue_time_ratio"] = r["ratio"]
+            result["queue_job_pickle_bytes"] = r["job_pickle_bytes"]
+            result["queue_job_pickle_us"] = r["job_pickle_us"]
             spreads["queue_time_ratio"] = r["spread"]
+            spreads["queue_time_cpu_ratio"] = r["cpu_spread"]
         if "precreate" in only:
             progress("pre-creation check")
             raw["precreate"] = r = creation.precreate(lab, cfg["precreate_sizes"], cfg["precreate_reps"])
@@ -107,6 +122,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["launch_pods_per_second"] = r["pods_per_second"]
             result["launch_throughput_ratio"] = r["ratio"]
             spreads["launch_throughput_ratio"] = r["spread"]
+            spreads["launch_throughput_cpu_ratio"] = r["cpu_spread"]
             result["launch_build_pod_seconds"] = r["build_pod_seconds"]
             result["launch_trigger_seconds"] = r["trigger_seconds"]
             result["launch_statements_per_pod"] = r["statements_per_pod"]
@@ -124,17 +140,23 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
                                               cfg["page_size"], cfg["sweep_namespaces"], cfg["sweep_fixed_pods"],
                                               cfg["sweep_schedulers"])
             result["sweep_seconds"] = r["seconds"]
+            result["sweep_cpu_seconds"] = r["cpu_seconds"]
+            result["sweep_server_cpu_seconds"] = r["server_cpu_seconds"]
             result["sweep_api_calls"] = r["api_calls"]
             result["sweep_db_queries"] = r["db_queries"]
             result["sweep_pages"] = r["pages"]
             result["sweep_peak_bytes"] = r["peak_bytes"]
             result["sweep_fit"] = report.fit([int(k) for k in r["seconds"]], list(r["seconds"].values()))
+            result["sweep_cpu_fit"] = report.fit([int(k) for k in r["cpu_seconds"]],
+                                                 [r["cpu_seconds"][k] + r["server_cpu_seconds"][k] for k in r["cpu_seconds"]])
             if "namespaces" in r:
                 result["sweep_namespaces"] = {k: {"seconds": r["namespaces"]["seconds"][k],
                                                   "pages": r["namespaces"]["pages"][k],
                                                   "api_lists": r["namespaces"]["api_lists"][k],
                                                   "db_queries": r["namespaces"]["db_queries"][k]}
                                               for k in r["namespaces"]["seconds"]}
+                result["sweep_namespaces_fit"] = report.fit([int(k) for k in r["namespaces"]["seconds"]],
+                                                            list(r["namespaces"]["seconds"].values()))
             if "schedulers" in r:
                 result["sweep_schedulers"] = {k: {"seconds": r["schedulers"]["seconds"][k],
                                                   "sweeps": r["schedulers"]["sweeps"][k],
@@ -148,6 +170,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["loop_wire_round_trips_per_sync"] = r["wire_per_sync"]
             result["loop_api_calls_per_sync"] = r["api_calls_per_sync"]
             result["inflight_sync_seconds"] = r["p50"]
+            result["inflight_sync_cpu_seconds"] = r["cpu_p50"]
             result["inflight_sync_ratio"] = {k: v["median"] for k, v in r["spread"].items()}
             spreads["inflight_sync_ratio"] = r["spread"]
             result["inflight_fit"] = {k: report.fit([int(n) for n in r["p50"]], [v[k] for v in r["p50"].values()])
@@ -162,6 +185,8 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["sync_p99_ratio"] = r["p99_ratio"]
             spreads["sync_p50_ratio"] = r["spread"]["p50"]
             spreads["sync_p99_ratio"] = r["spread"]["p99"]
+            spreads["sync_p50_cpu_ratio"] = r["spread"]["cpu_p50"]
+            spreads["sync_p99_cpu_ratio"] = r["spread"]["cpu_p99"]
             result["sync_statements_per_sync"] = r["statements_per_sync"]
             result["sync_wire_round_trips_per_sync"] = r["wire_per_sync"]
             result["sync_api_calls_per_sync"] = r["api_calls_per_sync"]
@@ -192,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", metavar="DIR", help="cProfile the fenced hot paths (first fenced repetition)")
     ap.add_argument("--workdir", help="where logs and kubeconfigs go (default: a temp dir)")
     args = ap.parse_args(argv)
+    _exit_on_sigterm()
     if args.only and not set(args.only.split(",")) <= set(SCENARIOS):
         ap.error(f"--only takes {','.join(SCENARIOS)}")
     from fenced_k8s_executor.lab.bench import report
@@ -251,3 +277,19 @@ def _run_real_subprocess(argv: list[str]) -> dict:
     figures = json.loads(Path(out).read_text())
     os.unlink(out)
     return figures
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM ends the bench through its ``finally`` (PostgreSQL and the emulator are stopped);
+    processes forked from it (the executors' Manager and watchers) keep the default action."""
+    import signal
+
+    main_pid = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() == main_pid:
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import queue
 import time
 
@@ -27,23 +28,34 @@ def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
         for w in work:
             ex.queue_workload(w, session=None)
         q1 = time.perf_counter()
-        with profiled(lab, "queue_trigger_tasks_fenced") if (kind == "fenced" and rep == 0) else _null():
-            t0 = time.perf_counter()
+        with profiled(lab, f"queue_trigger_tasks_{kind}") if rep == 0 else _null():
+            t0, c0 = time.perf_counter(), time.process_time()
             ex.trigger_tasks(open_slots=workloads)
-            seconds = time.perf_counter() - t0
-        queued = _drain(ex)
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        job = ex.task_queue.get_nowait()  # what crossed the Manager queue, re-pickled here (untimed)
+        ex.task_queue.task_done()
+        p0 = time.perf_counter()
+        size = len(pickle.dumps(job))
+        pickle_seconds = time.perf_counter() - p0
+        queued = 1 + _drain(ex)
         forget(ex)
         if queued != workloads:
             raise RuntimeError(f"{type(ex).__name__}: {queued} of {workloads} jobs queued")
         if rep >= 0:
-            raw[kind].append({"seconds": seconds, "queue_workload_seconds": q1 - q0})
+            raw[kind].append({"seconds": seconds, "cpu_seconds": cpu, "queue_workload_seconds": q1 - q0,
+                              "job_pickle_bytes": size,
+                              "job_pickle_seconds": pickle_seconds})
     for ex in execs.values():
         lab.end_executor(ex)
     secs = {k: median([x["seconds"] for x in v]) for k, v in raw.items()}
     sp = spread([x["seconds"] for x in raw["stock"]], [x["seconds"] for x in raw["fenced"]])
     progress(f"queue time, {workloads} workloads: stock {secs['stock']:.3f}s, fenced {secs['fenced']:.3f}s,"
              f" ratio {fmt_spread(sp)}")
+    cpu_sp = spread([x["cpu_seconds"] for x in raw["stock"]], [x["cpu_seconds"] for x in raw["fenced"]])
     return {"raw": raw, "workloads": workloads, "seconds": secs, "ratio": sp["median"], "spread": sp,
+            "cpu_spread": cpu_sp,
+            "job_pickle_bytes": {k: v[0]["job_pickle_bytes"] for k, v in raw.items()},
+            "job_pickle_us": {k: median([x["job_pickle_seconds"] for x in v]) * 1e6 for k, v in raw.items()},
             "us_per_workload": {k: v / workloads * 1e6 for k, v in secs.items()}}
 
 
@@ -139,7 +151,7 @@ def launch(lab: Lab, pods: int, reps: int, batch_size: int) -> dict:
         raw: dict = {"stock": [], "fenced": []}
         warm = [(-1, "stock"), (-1, "fenced")]
         for rep, kind in warm + list(interleaved(reps)):
-            with profiled(lab, f"launch_{mode}_fenced") if (kind == "fenced" and rep == 0) else _null():
+            with profiled(lab, f"launch_{mode}_{kind}") if rep == 0 else _null():
                 sample = _launch_once(lab, execs[kind], pods if rep >= 0 else batch_size, batch_size)
             if rep >= 0:
                 raw[kind].append(sample)
@@ -153,6 +165,8 @@ def launch(lab: Lab, pods: int, reps: int, batch_size: int) -> dict:
         out["raw"][mode] = raw
         out["pods_per_second"][mode] = pps
         out["spread"][mode] = sp
+        out.setdefault("cpu_spread", {})[mode] = spread([x["pods_per_cpu_second"] for x in raw["stock"]],
+                                                        [x["pods_per_cpu_second"] for x in raw["fenced"]])
         out["ratio"][mode] = sp["median"]
         out.setdefault("build_pod_seconds", {})[mode] = {
             k: median([x["build_pod_seconds"] for x in v]) for k, v in raw.items()}
@@ -173,13 +187,14 @@ def _launch_once(lab: Lab, ex, count: int, batch_size: int) -> dict:
     ex.trigger_tasks(open_slots=count)  # execute_async for every job (fenced: pod override, claim)
     t1 = time.perf_counter()
     before = lab.trips.snapshot()
-    syncs, sync_seconds = 0, 0.0
+    syncs, sync_seconds, sync_cpu = 0, 0.0, 0.0
     batches_needed = math.ceil(count / batch_size)
     limit = 3 * batches_needed + 20
     while syncs < limit:
-        s0 = time.perf_counter()
+        s0, c0 = time.perf_counter(), time.process_time()
         ex.sync()
         sync_seconds += time.perf_counter() - s0
+        sync_cpu += time.process_time() - c0
         syncs += 1
         if ex.task_queue.empty() and not getattr(ex, "_carry", None) and syncs >= batches_needed:
             if lab.pods_in(ns) - base >= count:
@@ -196,5 +211,6 @@ def _launch_once(lab: Lab, ex, count: int, batch_size: int) -> dict:
     if made < count:
         raise RuntimeError(f"{type(ex).__name__}: only {made} of {count} pods after {syncs} syncs")
     return {"seconds": sync_seconds, "wall_seconds": t2 - t1, "trigger_seconds": t1 - t0, "syncs": syncs,
-            "pods_per_second": count / sync_seconds, "pods_per_second_wall": count / (t2 - t1),
+            "pods_per_second": count / sync_seconds, "pods_per_cpu_second": count / max(sync_cpu, 1e-9),
+            "pods_per_second_wall": count / (t2 - t1),
             "pods_per_second_incl_trigger": count / (t2 - t0), "db": db, "build_pod_seconds": median(build)}

@@ -112,7 +112,8 @@ def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: flo
         out.setdefault("wire_per_sync", {})[kind] = median([x["wire_per_sync"] for x in samples])
         out.setdefault("api_calls_per_sync", {})[kind] = median([x["api_calls_per_sync"] for x in samples])
         out.setdefault("api_verbs", {})[kind] = samples[0]["api_verbs"]
-    out["spread"] = {q: spread([x[q] for x in raw["stock"]], [x[q] for x in raw["fenced"]]) for q in ("p50", "p99")}
+    out["spread"] = {q: spread([x[q] for x in raw["stock"]], [x[q] for x in raw["fenced"]])
+                     for q in ("p50", "p99", "cpu_p50", "cpu_p99")}
     out["p50_ratio"] = out["spread"]["p50"]["median"]
     out["p99_ratio"] = out["spread"]["p99"]["median"]
     progress(f"scheduler loop: p50 ratio {fmt_spread(out['spread']['p50'])}, p99 ratio {fmt_spread(out['spread']['p99'])}")
@@ -131,19 +132,30 @@ def _loop_once(lab: Lab, kind: str, rep: int, per: int, heartbeat: float, max_ru
             ex.queue_workload(workload(ti), session=None)
             ti_of[(ti.dag_id, ti.task_id, ti.run_id)] = str(ti.id)
     syncs: list[float] = []
+    cpus: list[float] = []
     statements: list[int] = []
     wire: list[int] = []
     done: set = set()
     mark = lab.audit_mark()
+    prof = None
+    if lab.profile_dir is not None and rep == 0:  # the syncs only, not the benchmark's own work
+        import cProfile
+
+        prof = cProfile.Profile()
     t0 = time.monotonic()
     deadline = t0 + 60 + per * 2
     while len(done) < 2 * per and time.monotonic() < deadline:
         for ex in execs:
             ex.trigger_tasks(open_slots=32)
             before = lab.trips.snapshot()
-            s0 = time.perf_counter()
+            if prof is not None:
+                prof.enable()
+            s0, c0 = time.perf_counter(), time.process_time()
             ex.sync()
             syncs.append(time.perf_counter() - s0)
+            cpus.append(time.process_time() - c0)
+            if prof is not None:
+                prof.disable()
             db = lab.trips.since(before)
             statements.append(db["statements"])
             wire.append(db["wire"])
@@ -159,6 +171,10 @@ def _loop_once(lab: Lab, kind: str, rep: int, per: int, heartbeat: float, max_ru
             lab.set_ti_state(started, "success")
         time.sleep(heartbeat)
     seconds = time.monotonic() - t0
+    if prof is not None:
+        from fenced_k8s_executor.lab.bench.env import write_profile
+
+        write_profile(lab, prof, f"loop_syncs_{kind}")
     whos = {f"scheduler-{ex.job_id}" for ex in execs}
     calls = [c for c in lab.api_calls(mark) if c.get("who") in whos and c.get("verb") != "watch"]
     verbs: dict = {}
@@ -173,6 +189,7 @@ def _loop_once(lab: Lab, kind: str, rep: int, per: int, heartbeat: float, max_ru
     n = max(1, len(syncs))
     return {"syncs": syncs, "statements": statements, "seconds": seconds, "done": len(done),
             "p50": percentile(syncs, 50), "p99": percentile(syncs, 99),
+            "cpu_p50": percentile(cpus, 50), "cpu_p99": percentile(cpus, 99),
             "statements_per_sync": sum(statements) / n, "wire_per_sync": sum(wire) / n,
             "api_calls_per_sync": len(calls) / n, "api_verbs": verbs}
 
@@ -204,11 +221,11 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> 
         for i, kind in interleaved(syncs):
             ex = execs[kind]
             before = lab.trips.snapshot()
-            with profiled(lab, f"inflight_{n}_sync_fenced") if (kind == "fenced" and i == 0) else _null():
-                s0 = time.perf_counter()
+            with profiled(lab, f"inflight_{n}_sync_{kind}") if i == 0 else _null():
+                s0, c0 = time.perf_counter(), time.process_time()
                 ex.sync()
-                seconds = time.perf_counter() - s0
-            raw[kind].append({"seconds": seconds, "db": lab.trips.since(before)})
+                seconds, cpu = time.perf_counter() - s0, time.process_time() - c0
+            raw[kind].append({"seconds": seconds, "cpu_seconds": cpu, "db": lab.trips.since(before)})
         calls = lab.api_calls(mark)
         key = str(n)
         out["raw"][key] = raw
@@ -219,6 +236,7 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> 
             k: sum(1 for c in calls if c.get("who") == f"scheduler-{execs[k].job_id}" and c.get("verb") != "watch")
             / syncs for k in raw}
         out["p50"][key] = {k: median([x["seconds"] for x in v]) for k, v in raw.items()}
+        out.setdefault("cpu_p50", {})[key] = {k: median([x["cpu_seconds"] for x in v]) for k, v in raw.items()}
         out["spread"][key] = spread([x["seconds"] for x in raw["stock"]], [x["seconds"] for x in raw["fenced"]])
         progress(f"in flight {n}: fenced pending {pending}; sync p50 stock {out['p50'][key]['stock'] * 1e3:.2f} ms,"
                  f" fenced {out['p50'][key]['fenced'] * 1e3:.2f} ms; DB statements per sync"

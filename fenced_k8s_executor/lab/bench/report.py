@@ -147,14 +147,21 @@ def table(r: dict) -> str:
         st, api = r["sync_statements_per_sync"], r["sync_api_calls_per_sync"]
         rows.append(("scheduler loop, per sync", f"{st['stock']:.2f} stmt, {api['stock']:.2f} API",
                      f"{st['fenced']:.2f} stmt, {api['fenced']:.2f} API", "-"))
+    for key, label in (("queue_time_cpu_ratio", "queue time, CPU of this process"),
+                       ("sync_p50_cpu_ratio", "loop sync p50, CPU"), ("sync_p99_cpu_ratio", "loop sync p99, CPU")):
+        if _get(r, "ratio_spreads", key):
+            rows.append((label, "", "", _sp(r, key)))
+    for mode in (_get(r, "ratio_spreads", "launch_throughput_cpu_ratio") or {}):
+        rows.append((f"launch {mode}, pods per CPU second", "", "", _sp(r, "launch_throughput_cpu_ratio", mode)))
     head = ("measurement", "stock", "fenced", "fenced/stock median [min-max]")
     widths = [max(len(str(row[i])) for row in rows + [head]) for i in range(4)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*row) for row in rows]
-    for name, key in (("sweep", "sweep_fit"),):
+    for name, key, unit in (("sweep wall", "sweep_fit", "pods"), ("sweep CPU (bench + API server)", "sweep_cpu_fit", "pods"),
+                            ("sweep wall", "sweep_namespaces_fit", "namespaces (same pods)")):
         f = r.get(key)
         if f and f.get("slope") is not None:
-            lines.append(f"fit: {name} seconds = {f['intercept']:.4f} + {f['slope'] * 1e6:.2f} us x pods")
+            lines.append(f"fit: {name} seconds = {f['intercept']:.4f} + {f['slope'] * 1e6:.2f} us x {unit}")
     for kind, f in (r.get("inflight_fit") or {}).items():
         if f.get("slope") is not None:
             lines.append(f"fit: idle sync ({kind}) = {f['intercept'] * 1e3:.3f} ms + {f['slope'] * 1e6:.3f} us x launches in flight")
