@@ -47,6 +47,7 @@ class StockMetricIdentity:
         name = self.metrics_executor_name
         if name == cls.__name__:
             return super()._emit_metrics(open_slots, num_running_tasks, num_queued_tasks)
+        self.log  # noqa: B018 - bind the (cached) logger to the real class before the name changes
         self.__class__ = _stand_in(cls, name)
         try:
             return super()._emit_metrics(open_slots, num_running_tasks, num_queued_tasks)

@@ -54,3 +54,10 @@ def test_option_default_and_validation():
     for bad in ("", "  ", "kube executor", "1st", "a.b"):
         with pytest.raises(config.FencedConfigError, match=r"\[fenced_kubernetes_executor\] metrics_executor_name"):
             config.parse({"metrics_executor_name": bad})
+
+
+def test_logger_keeps_the_real_class_name_when_first_used_by_the_gauges():
+    executor = FencedKubernetesExecutor()
+    assert executor._log is None
+    _gauges(executor)
+    assert executor._log._logger_factory_args == FencedKubernetesExecutor().log._logger_factory_args

@@ -29,6 +29,9 @@ def test_provider_suite_passes_on_fenced_wherever_it_passes_on_stock(upstream_su
             + run.log.read_text()[-3000:])
     assert stock.count("passed") >= MIN_STOCK_PASSED, f"stock run too small to prove anything: {stock.summary()}"
     upstream_report.append(f"fenced executor in the fenced run: {fenced.evidence}")
+    warnings = fenced.log.parent / "fenced-warnings.txt"
+    if warnings.is_file():  # logged by passing tests too; a drop-in hint, not a verdict
+        upstream_report.extend(f"  fenced warning x{line.strip()}" for line in warnings.read_text().splitlines()[:8])
     # Fenced on its defaults: enforce mode, sweeper included, in every start.
     assert fenced.evidence.get("started", 0) > 0, "no FencedKubernetesExecutor was started in the fenced run"
     assert fenced.evidence["started"] == fenced.evidence.get("started mode=enforce") == fenced.evidence.get(

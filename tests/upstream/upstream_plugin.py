@@ -32,6 +32,7 @@ import functools
 import inspect
 import itertools
 import json
+import logging
 import os
 from datetime import timedelta
 
@@ -107,6 +108,7 @@ def _complete_conf_vars() -> None:
 
 EVIDENCE_FILE = "fenced-evidence.json"
 _evidence: collections.Counter = collections.Counter()
+_warnings: collections.Counter = collections.Counter()
 
 
 def _count_fenced_starts_and_sweeps() -> None:
@@ -132,12 +134,26 @@ def _count_fenced_starts_and_sweeps() -> None:
 
     FencedKubernetesExecutor.start = counted_start
     Sweeper.run_once = counted_run_once
+    logging.getLogger("fenced_k8s_executor").addHandler(_WarningCounter())
+
+
+class _WarningCounter(logging.Handler):
+    """Warnings of the fenced executor in passing tests too (a fence read failing, say)."""
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _evidence["warnings"] += 1
+        _warnings[record.getMessage()[:160]] += 1
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if executor_under_test() == "fenced":
         with open(EVIDENCE_FILE, "w") as out:
             json.dump(dict(_evidence), out, indent=1)
+        with open("fenced-warnings.txt", "w") as out:
+            out.writelines(f"{count:5d}  {message}\n" for message, count in _warnings.most_common())
 
 
 def pytest_configure(config: pytest.Config) -> None:
