@@ -113,13 +113,15 @@ class LaunchBook:
             return list(self._pending.values())
 
     def prune(self, running: Iterable[Hashable]) -> None:
-        """Forget holders and pending launches of keys that left ``running`` by any path."""
+        """Forget the holders of keys that left ``running`` by any path (revoke, fail, adoption).
+
+        Pending launches stay: a revoked launch's pod may still exist (its delete failed, or its
+        create was in flight), and the reconcile must still see it. A pending launch leaves when
+        its pod reports, is fenced, or its row shows it ran (``observed``)."""
         live = set(running)
         with self._lock:
             for key in [k for k in self._holders if k not in live]:
                 del self._holders[key]
-            for name in [n for n, p in self._pending.items() if p.key not in live]:
-                del self._pending[name]
 
     def snapshot(self) -> dict[str, LaunchIdentity]:
         """Pod name -> launch, as remembered now (a copy)."""

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
 from fenced_k8s_executor import batches, ledger, metrics, pods, verdicts
+from fenced_k8s_executor.launch import LaunchIdentity
 from fenced_k8s_executor.metrics import short
 
 if TYPE_CHECKING:
@@ -127,6 +128,8 @@ class CreationFence:
             row = rows.get(p.launch.task)
             verdict = verdicts.should_delete(p.launch, row, self.deployment)
             if not verdict.act:
+                if verdict.reason is verdicts.Reason.CURRENT and row.state != verdicts.QUEUED:
+                    self.book.observed(p.name)  # it ran (or is running): no longer in flight
                 continue
             if not self._enforcing:
                 metrics.decision("pod.stale", path="reconcile", reason=verdict.reason.value, enforced=False,
@@ -203,4 +206,26 @@ class CreationFence:
             return None
         if ref is None:  # gone again since the 409: create it on the next loop
             return None
-        return ref.launch is not None and ref.launch.token == launch.token
+        if ref.launch is None or ref.launch.token != launch.token:
+            return False
+        if ref.launch.scheduler_job_id != str(self.scheduler_job_id):
+            self._take_over_if_ours(name, namespace, launch)
+        return True
+
+    def _take_over_if_ours(self, name: str, namespace: str, launch: LaunchIdentity) -> None:
+        """The pod of this very launch was created by another scheduler (a woken scheduler's
+        create raced this one's, after this one adopted the launch). If the task's row names
+        this scheduler, watch the pod here, as adoption would; otherwise its creator watches it."""
+        try:
+            row = ledger.read_rows([launch.task]).get(launch.task)
+        except Exception as error:
+            log.warning("fenced_k8s_executor could not read the row of pod %s/%s: %r", namespace, name, error)
+            return
+        if row is None or row.queued_by_job_id != self._scheduler_job_int():
+            return
+        body = {"metadata": {"labels": {"airflow-worker": self._make_safe_label_value(str(self.scheduler_job_id))}}}
+        try:
+            self.kube_client.patch_namespaced_pod(name=name, namespace=namespace, body=body,
+                                                  **(self.kube_config.kube_client_request_args or {}))
+        except Exception as error:  # the owner of the label still watches it; nothing is lost
+            log.warning("fenced_k8s_executor could not relabel pod %s/%s: %r", namespace, name, error)

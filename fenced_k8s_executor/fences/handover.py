@@ -24,9 +24,40 @@ class HandoverFence:
         # the other pods of that key against the TI (several pods, one key).
         self._adopting = {ti.key: ti for ti in tis}
         try:
-            return super().try_adopt_task_instances(tis)
+            to_reset = super().try_adopt_task_instances(tis)
         finally:
             self._adopting = {}
+        if not self._enforcing:
+            return to_reset
+        return [ti for ti in to_reset if not self._adopt_by_launching(ti)]
+
+    def _adopt_by_launching(self, ti: Any) -> bool:
+        """A dead scheduler's QUEUED TI with a launch token and no pod: launch it here under the
+        same token (hence the same deterministic pod name) instead of letting the scheduler reset
+        it, which would archive the never-started try and burn a retry.
+
+        The workload comes from airflow-core's own constructor. If the dead scheduler wakes up,
+        its pre-creation check drops its job (the TI is now queued by this scheduler); if its
+        create races ours, the shared pod name lets exactly one pod exist. Legacy TIs (no
+        token) and RUNNING TIs without a pod are reset as stock resets them.
+        """
+        from airflow.executors import workloads
+        from airflow.utils.state import TaskInstanceState
+
+        if ti.state != TaskInstanceState.QUEUED or as_token(ti.external_executor_id) is None:
+            return False
+        key = ti.key
+        if key in self.running or key in self.queued_tasks:
+            return True  # queued by an earlier attempt of the scheduler's retried transaction
+        try:
+            workload = workloads.ExecuteTask.make(ti, generator=self.jwt_generator)
+        except Exception as error:  # no workload, no launch: the stock reset is the safe answer
+            log.warning("fenced_k8s_executor cannot build the workload of %s, leaving it to reset: %r", key, error)
+            return False
+        self.queue_workload(workload, session=None)
+        metrics.decision("adoption.launched", path="adoption", reason="queued_without_pod", enforced=True,
+                         ti=str(ti.id), launch=short(as_token(ti.external_executor_id)))
+        return True
 
     def adopt_launched_task(self, kube_client: Any, pod: Any, tis_to_flush_by_key: dict) -> None:
         if not self._fencing:
@@ -91,7 +122,8 @@ class HandoverFence:
                             # Like the provider: a revoked pod's events are not the task's outcome.
                             self.kube_scheduler.patch_pod_revoked(pod_name=ref.name, namespace=ref.namespace)
                             deleted = pods.delete(self.kube_client, ref, self.kube_config.kube_client_request_args)
-                            self.book.fenced(ref.name)
+                            if deleted:
+                                self.book.fenced(ref.name)
                         metrics.decision(
                             "pod.deleted" if deleted else "pod.revoked",
                             path="revoke",

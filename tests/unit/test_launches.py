@@ -41,8 +41,11 @@ def test_pending_launches_are_those_not_seen_running_and_still_in_running():
     assert {p.name for p in book.pending()} == {"pod-a", "pod-b"}
     book.observed("pod-a")
     assert [p.name for p in book.pending()] == ["pod-b"]
-    book.prune(running=["k1"])  # k2 left `running` by a path the fences did not see
-    assert book.pending() == [] and book.holder("k2") is None
+    book.prune(running=["k1"])  # k2 left `running` (a revoke): its pod may still exist
+    assert book.holder("k2") is None
+    assert [p.name for p in book.pending()] == ["pod-b"]  # the reconcile still re-checks it
+    book.fenced("pod-b")
+    assert book.pending() == []
     assert book.launch_of("pod-b") == b  # still resolvable for late events
 
 
