@@ -22,8 +22,14 @@ In-process API (stable; used by tests, the process kubelet and the lab)::
                                            #   resource, subresource, code, object?, fault?}]
     emu.compact(); emu.close_watches(); emu.bookmark(); emu.reset(); emu.summary()
     emu.set_tokens({"tok-b": "scheduler-b"})
+    emu.ensure_namespace("airflow")         # emu.name == "emulator", emu.supports_faults == True
     emu.pods(ns) / emu.pod(ns, name)       # deep copies of stored objects
     emu.stop()
+
+The same subset (name, url, write_kubeconfig, set_tokens, ensure_namespace, audit, reset, pods)
+is offered by a real kube-apiserver, `lab.controlplane.ControlPlane` (name "real"): tests take
+either through the `kube_backend` fixture (tests/conftest.py). Where the two disagree, the real
+apiserver is right and the emulator is fixed (see docs/lab.md, "Real kube-apiserver").
 
 `EmulatorControl(url)` has the same control methods over HTTP for an emulator started as a
 subprocess: `python -m fenced_k8s_executor.lab.kubeapi --host 127.0.0.1 --port N
