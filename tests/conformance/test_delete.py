@@ -75,8 +75,8 @@ def test_delete_options_body_wins_over_query(v1, ns, make_pod, h):
     pod = make_pod(node=h.FAKE_NODE, grace=30)
     name = pod.metadata.name
     v1.delete_namespaced_pod(name, ns)
-    out = v1.delete_namespaced_pod(name, ns, grace_period_seconds=0,
-                                   body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.metadata.uid)))
+    only_uid = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.metadata.uid))
+    out = v1.delete_namespaced_pod(name, ns, grace_period_seconds=0, body=only_uid)
     assert out.metadata.deletion_grace_period_seconds == 30  # still terminating: the query was ignored
     assert v1.read_namespaced_pod(name, ns).metadata.deletion_timestamp is not None
     v1.delete_namespaced_pod(name, ns, grace_period_seconds=0)  # no body: the query counts
