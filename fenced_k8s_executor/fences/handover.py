@@ -75,6 +75,9 @@ class HandoverFence:
         if ref.launch is not None:
             if key in self.running:
                 self.book.adopted(key, ref.name, ref.launch)
+                if getattr(getattr(pod, "status", None), "phase", None) == "Pending":
+                    # an adopted Pending pod is in flight here now: the per-loop reconcile re-checks it
+                    self.book.created(key, ref.name, ref.namespace, ref.launch)
             else:
                 self.book.remember(ref.name, ref.launch)
 
