@@ -14,6 +14,7 @@ from typing import Any, Iterator, Mapping
 from kubernetes.client import V1DeleteOptions, V1Preconditions
 from kubernetes.client.rest import ApiException
 
+from fenced_k8s_executor import guards
 from fenced_k8s_executor.launch import LaunchIdentity, from_pod_metadata
 
 log = logging.getLogger("fenced_k8s_executor")
@@ -80,10 +81,13 @@ def delete(kube_client: Any, ref: PodRef, request_args: Mapping | None = None) -
     except ApiException as error:
         if error.status in (404, 409):  # already gone, or a different object now holds the name
             return False
-        log.warning("fenced_k8s_executor could not delete pod %s/%s: %s", ref.namespace, ref.name, error.status)
+        guards.report("delete", error, then=f"pod {ref.namespace}/{ref.name} left for a later check")
         return False
     except Exception as error:  # connection errors: no evidence the delete happened; try next time
-        log.warning("fenced_k8s_executor could not delete pod %s/%s: %r", ref.namespace, ref.name, error)
+        if guards.is_api_error(error):
+            guards.report("delete", error, then=f"pod {ref.namespace}/{ref.name} left for a later check")
+        else:
+            log.warning("fenced_k8s_executor could not delete pod %s/%s: %r", ref.namespace, ref.name, error)
         return False
 
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from fenced_k8s_executor import ledger, metrics, pods, verdicts
+from fenced_k8s_executor import guards, ledger, metrics, pods, verdicts
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import DEPLOYMENT_LABEL, TOKEN_LABEL
 
@@ -101,7 +101,10 @@ class Sweeper:
                         self._sweep_namespace(namespace, report)
         except Exception as error:  # never let a sweep error escape: next interval retries
             report.errors.append(repr(error))
-            log.warning("fenced_k8s_executor sweep failed: %r", error)
+            if guards.is_api_error(error):
+                guards.report("sweep", error, then="next interval retries")
+            else:
+                log.warning("fenced_k8s_executor sweep failed: %r", error)
         report.seconds = time.monotonic() - start
         metrics.timing("sweep.duration", report.seconds)
         metrics.incr("sweep.pods_scanned", count=report.pods_seen)

@@ -419,3 +419,31 @@ def test_heartbeat_never_raises_under_api_error_bursts(world, needs_emulator, de
     world.settle(sched.executor, 3.0)
     outcome = {task: terminal(delivered[name]) for task, name in names.items()}
     assert outcome == {"a": [None], "b": [FAILED], "c": [None], "d": [None]}
+
+
+# ---------------------------------------------------------------------------- item 5: the sweep thread
+
+
+def test_sweep_survives_list_and_delete_faults(world, needs_emulator, api_errors):
+    """The fenced sweep (fenced only: stock has none) lists while LISTs fail, then finds a stale
+    pod while DELETEs fail: errors are counted, nothing raises, the pod goes on a later sweep."""
+    sched = world.scheduler("fenced", sweep_interval="3600")
+    world.queue(sched, trigger=False)
+    row1 = world.row("t1")
+    world.requeue_stuck(sched, trigger=False)  # launch 1 superseded by launch 2
+    stale = world.stale_pod(row1, row1.token, sched=sched, phase="Running")
+    sweeper = sched.executor.sweeper
+
+    world.emulator.add_fault(method="GET", path=r"/pods$", status=500, who=sched.user)
+    report = sweeper.run_once()
+    assert report.errors and ("sweep", "500") in api_errors
+    world.emulator.clear_faults()
+
+    world.emulator.add_fault(method="DELETE", path=r"/pods/[^/]+$", status=503, who=sched.user)
+    report = sweeper.run_once()
+    assert report.stale == 1 and report.deleted == 0 and ("delete", "503") in api_errors
+    assert stale in {p.metadata.name for p in world.live_pods()}
+    world.emulator.clear_faults()
+
+    assert sweeper.run_once().deleted == 1
+    assert stale not in {p.metadata.name for p in world.live_pods()}
