@@ -75,6 +75,7 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         self._publish_failed: set[int] = set()
         self._state_verdicts: dict[int, tuple[LaunchIdentity | None, verdicts.Verdict, Any]] = {}
         self._reconciled = False
+        self._loop_rows: tuple[set, dict] | None = None  # this loop's one read: (tasks covered, rows)
         self._claim_lifetime = 600.0
         self._adopting: dict = {}  # key -> TI, during try_adopt_task_instances
 

@@ -65,7 +65,7 @@ class CreationFence:
         tasks |= {p.launch.task for p in pending}
         try:
             with metrics.timed("fence_check.duration", path="pre_create"):
-                rows = ledger.read_rows(tasks)
+                rows = self._loop_rows_for(tasks)
         except Exception as error:
             # No evidence either way: create nothing and drop nothing this loop.
             log.warning("fenced_k8s_executor pre-create check failed, retrying next loop: %r", error)
@@ -105,6 +105,24 @@ class CreationFence:
         self._precreate.clear()
         self._publish_failed = set()
 
+    def _take_creation_batch(self) -> list:
+        """This loop's creation batch, taken from the task queue early (kept in ``_carry``) so
+        that the loop's single query can cover it too."""
+        size = self.kube_config.worker_pods_creation_batch_size
+        if self.task_queue is not None and len(self._carry) < size:
+            self._carry.extend(batches.drain(self.task_queue, size - len(self._carry)))
+        return list(self._carry)[:size]
+
+    def _loop_rows_for(self, tasks: set) -> dict:
+        """Rows of ``tasks``: from the loop's one query when it covered them, else one more
+        query for the rest (a job re-queued during the loop). Raises on DB errors."""
+        covered, rows = self._loop_rows if self._loop_rows is not None else (set(), {})
+        missing = set(tasks) - covered
+        if missing:
+            rows = {**rows, **ledger.read_rows(missing)}
+            self._loop_rows = (covered | missing, rows)
+        return rows
+
     def _reconcile_in_flight(self) -> None:
         """The in-flight reconcile when no creation batch read the rows this loop: at most one
         query, and none when every launch of this scheduler has reported Running."""
@@ -113,7 +131,7 @@ class CreationFence:
             return
         try:
             with metrics.timed("fence_check.duration", path="reconcile"):
-                rows = ledger.read_rows(p.launch.task for p in pending)
+                rows = self._loop_rows_for({p.launch.task for p in pending})
         except Exception as error:
             log.warning("fenced_k8s_executor in-flight reconcile failed, retrying next loop: %r", error)
             metrics.incr("fence_check.error", {"path": "reconcile"})

@@ -35,25 +35,34 @@ class EventFence:
         real = self.result_queue
         self.result_queue = batches.LazyBatchQueue(real, self._prefetch_state_verdicts)
         self._reconciled = False
+        self._loop_rows = None
         try:
             super().sync()
+            if not self._reconciled:  # no creation batch ran this loop (rate limit, empty queue)
+                self._reconcile_in_flight()
         finally:
             self.result_queue = real
             self._state_verdicts.clear()
-        if not self._reconciled:  # no creation batch read the rows this loop
-            self._reconcile_in_flight()
+            self._loop_rows = None
         self.book.prune(self.running)
 
     def _prefetch_state_verdicts(self, batch: list[KubernetesResults]) -> None:
-        """One DB read for every watcher result of this sync (pods resolved from memory first)."""
+        """The loop's one DB read: every watcher result of this sync (pods resolved from memory
+        first), and with it this loop's creation batch and in-flight launches, which the
+        creation fence then finds already read."""
         try:
             misses = sum(1 for result in batch if not self.book.knows(result.pod_name))
             if misses > PRIME_AFTER_MISSES:  # a watcher relist after a restart or a 410
                 self._prime_launches()
             launches = {id(result): self._launch_of_pod(result.pod_name, result.namespace) for result in batch}
             tasks = {launch.task for launch in launches.values() if launch is not None and not launch.legacy}
+            tasks |= {launch.task for launch in map(self._launch_of_job, self._take_creation_batch())
+                      if launch is not None}
+            tasks |= {p.launch.task for p in self.book.pending()}
+            tasks.discard(None)
             with metrics.timed("fence_check.duration", path="state_change"):
                 rows = ledger.read_rows(tasks)
+            self._loop_rows = (tasks, rows)
         except Exception as error:  # each result is then checked (and retried) on its own
             log.warning("fenced_k8s_executor state-change prefetch failed: %r", error)
             return
