@@ -287,6 +287,8 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         if not verdicts.owned(ref.launch, self.deployment):
             return False
         deleted = pods.delete(self.kube_client, ref, self.kube_config.kube_client_request_args)
+        if deleted is None:
+            return None  # API error: the caller keeps the launch for another look
         if deleted:
             self.book.fenced(name)
             metrics.decision(

@@ -65,8 +65,12 @@ def read_ref(kube_client: Any, name: str, namespace: str, request_args: Mapping 
     return ref_from_metadata(pod.metadata)
 
 
-def delete(kube_client: Any, ref: PodRef, request_args: Mapping | None = None) -> bool:
-    """Delete exactly this pod object (uid precondition). True if the API accepted the delete."""
+def delete(kube_client: Any, ref: PodRef, request_args: Mapping | None = None) -> bool | None:
+    """Delete exactly this pod object (uid precondition).
+
+    True: the API accepted the delete. False: nothing to delete (gone, or another object holds
+    the name now). None: an API or connection error, no evidence either way: check again later.
+    """
     if not ref.uid:
         log.warning("fenced_k8s_executor refusing to delete pod %s/%s without a uid", ref.namespace, ref.name)
         return False
@@ -82,13 +86,13 @@ def delete(kube_client: Any, ref: PodRef, request_args: Mapping | None = None) -
         if error.status in (404, 409):  # already gone, or a different object now holds the name
             return False
         guards.report("delete", error, then=f"pod {ref.namespace}/{ref.name} left for a later check")
-        return False
+        return None
     except Exception as error:  # connection errors: no evidence the delete happened; try next time
         if guards.is_api_error(error):
             guards.report("delete", error, then=f"pod {ref.namespace}/{ref.name} left for a later check")
         else:
             log.warning("fenced_k8s_executor could not delete pod %s/%s: %r", ref.namespace, ref.name, error)
-        return False
+        return None
 
 
 def list_pages(
