@@ -1,7 +1,10 @@
-"""Metadata rows without a dag-processor: DAGs, runs and task instances written the way the
-scheduler writes them, plus the transitions the races need (re-queue with the same id and try,
-clear to a new try). Used by integration tests and the benchmark to build interleavings
-deliberately and to fill a realistic DB quickly.
+"""Bulk metadata for the benchmark: DAGs, runs and queued task instances written in bulk SQL,
+to fill a realistic DB quickly (thousands of rows in seconds).
+
+Not for tests or scenarios: anything that moves a task instance (queueing, re-queueing,
+clearing, retrying, running) goes through airflow-core's own code in ``lab.core``. The
+transition helpers that imitated the scheduler here (same-id re-queue, clear to the next try,
+state changes) are gone for that reason.
 """
 
 from __future__ import annotations
@@ -114,54 +117,6 @@ def insert_tis(
                 ],
             )
     return made
-
-
-def requeue_same_id(engine: sa.Engine, ti: SeededTI, queued_by_job_id: int | None) -> SeededTI:
-    """Stuck-in-queued / deferral resume: the same id and try queued again with a fresh token."""
-    token = str(uuid.uuid4())
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE task_instance SET state='queued', external_executor_id=:t, queued_by_job_id=:j,"
-                " queued_dttm=now() WHERE id=:id"
-            ),
-            {"t": token, "j": queued_by_job_id, "id": ti.id},
-        )
-    return SeededTI(**{**ti.__dict__, "token": token})
-
-
-def clear_to_next_try(engine: sa.Engine, ti: SeededTI, *, queued_by_job_id: int | None = None) -> SeededTI:
-    """Clear/retry/orphan reset: the row gets a new id and the next try (the old id is gone), and
-    is queued again with a fresh token when ``queued_by_job_id`` is given."""
-    new = SeededTI(
-        **{
-            **ti.__dict__,
-            "id": str(uuid.uuid4()),
-            "try_number": ti.try_number + 1,
-            "token": str(uuid.uuid4()) if queued_by_job_id is not None else None,
-        }
-    )
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE task_instance SET id=:new, try_number=:try, state=:state, external_executor_id=:t,"
-                " queued_by_job_id=:j WHERE id=:old"
-            ),
-            {
-                "new": new.id,
-                "try": new.try_number,
-                "state": "queued" if queued_by_job_id is not None else "scheduled",
-                "t": new.token,
-                "j": queued_by_job_id,
-                "old": ti.id,
-            },
-        )
-    return new
-
-
-def set_state(engine: sa.Engine, ti: SeededTI, state: str) -> None:
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE task_instance SET state=:s WHERE id=:id"), {"s": state, "id": ti.id})
 
 
 def row(engine: sa.Engine, ti_id: str) -> dict | None:
