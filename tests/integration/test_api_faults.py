@@ -385,7 +385,7 @@ def test_adoption_survives_list_faults(world, needs_emulator, api_errors, kind):
 
 @pytest.mark.tasks("a", "b", "c", "d")
 @pytest.mark.parametrize("kind", KINDS)
-def test_heartbeat_never_raises_under_api_error_bursts(world, needs_emulator, delivered, kind):
+def test_heartbeat_never_raises_under_api_error_bursts(world, needs_emulator, delivered, api_errors, kind):
     """Bursts of 500s on every verb while tasks run and finish, completed-pod adoption due every
     loop: the heartbeat never raises, and every pod's terminal event is applied exactly once."""
     world.monkeypatch.setenv("AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL", "0")
@@ -394,7 +394,8 @@ def test_heartbeat_never_raises_under_api_error_bursts(world, needs_emulator, de
     running(world, sched, names)
     raised: list = []
     phases = iter([("a", "Succeeded"), ("b", "Failed"), ("c", "Succeeded"), ("d", "Succeeded")])
-    deadline = time.monotonic() + 12
+    started = time.monotonic()
+    deadline = started + 12
     loop = 0
     while time.monotonic() < deadline:
         if loop % 4 == 0:
@@ -407,10 +408,13 @@ def test_heartbeat_never_raises_under_api_error_bursts(world, needs_emulator, de
             sched.executor.heartbeat()
         except Exception as error:  # noqa: BLE001
             raised.append(error)
+            print(f"{kind}: heartbeat raised after {time.monotonic() - started:.1f}s, loop {loop}: {error!r:.80}")
             if kind == "stock":
                 break
         loop += 1
         time.sleep(0.25)
+    print(f"{kind}: {loop} heartbeats, {len(raised)} raised, api_error counted {len(api_errors)}: "
+          f"{sorted(set(api_errors))}")
     if kind == "stock":
         assert raised, "stock heartbeat no longer raises under 500 bursts"
         return
