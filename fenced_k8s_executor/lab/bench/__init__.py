@@ -108,6 +108,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["queue_job_pickle_us"] = r["job_pickle_us"]
             spreads["queue_time_ratio"] = r["spread"]
             spreads["queue_time_cpu_ratio"] = r["cpu_spread"]
+        _checkpoint(args, backend, result, spreads, raw)
         if "precreate" in only:
             progress("pre-creation check")
             raw["precreate"] = r = creation.precreate(lab, cfg["precreate_sizes"], cfg["precreate_reps"])
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["precreate_seconds_per_batch"] = r["seconds"]
             result["precreate_wall_ratio"] = r["wall_ratio"]
             spreads["precreate_wall_ratio"] = r["spread"]
+        _checkpoint(args, backend, result, spreads, raw)
         if "launch" in only:
             progress("pod launch throughput")
             raw["launch"] = r = creation.launch(lab, cfg["launch_pods"], cfg["launch_reps"], cfg["batch_size"])
@@ -126,6 +128,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["launch_build_pod_seconds"] = r["build_pod_seconds"]
             result["launch_trigger_seconds"] = r["trigger_seconds"]
             result["launch_statements_per_pod"] = r["statements_per_pod"]
+        _checkpoint(args, backend, result, spreads, raw)
         if "state" in only:
             progress("state-change fence")
             raw["state"] = r = events.state_change(lab, cfg["state_events"], cfg["state_reps"])
@@ -134,6 +137,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["state_change_fence_us_per_event"] = r["fence_us_per_event"]
             result["state_change_ratio"] = r["ratio"]
             spreads["state_change_ratio"] = r["spread"]
+        _checkpoint(args, backend, result, spreads, raw)
         if "sweep" in only:
             progress("sweep")
             raw["sweep"] = r = sweeping.sweep(lab, cfg["sweep_sizes"], cfg["sweep_reps"], cfg["stale_fraction"],
@@ -163,6 +167,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
                                                   "api_lists": r["schedulers"]["api_lists"][k],
                                                   "db_queries": r["schedulers"]["db_queries"][k]}
                                               for k in r["schedulers"]["seconds"]}
+        _checkpoint(args, backend, result, spreads, raw)
         if "inflight" in only:
             progress("loop with launches in flight (per-loop reconcile)")
             raw["inflight"] = r = events.in_flight(lab, cfg["inflight_sizes"], cfg["inflight_syncs"])
@@ -175,6 +180,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             spreads["inflight_sync_ratio"] = r["spread"]
             result["inflight_fit"] = {k: report.fit([int(n) for n in r["p50"]], [v[k] for v in r["p50"].values()])
                                       for k in ("stock", "fenced")}
+        _checkpoint(args, backend, result, spreads, raw)
         if "loop" in only:
             progress("scheduler loop (in-process approximation)")
             raw["loop"] = r = events.scheduler_loop(lab, cfg["loop_tasks"], cfg["loop_reps"], cfg["heartbeat"],
@@ -191,6 +197,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["sync_wire_round_trips_per_sync"] = r["wire_per_sync"]
             result["sync_api_calls_per_sync"] = r["api_calls_per_sync"]
             result["sync_api_verbs"] = r["api_verbs"]
+        _checkpoint(args, backend, result, spreads, raw)
         result["ratio_spreads"] = spreads
         result["raw"] = raw
         result["machine"]["load_after"] = os.getloadavg()
@@ -248,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             result["real"] = figures
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        for backend in backends:
+            Path(f"{args.json}.{backend}.partial").unlink(missing_ok=True)
         print(f"figures written to {args.json}", file=sys.stderr)
     return 0
 
@@ -293,3 +302,14 @@ def _exit_on_sigterm() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def _checkpoint(args: argparse.Namespace, backend: str, result: dict, spreads: dict, raw: dict) -> None:
+    """Figures so far to ``<--json>.<backend>.partial`` (a long run cut short keeps what it measured)."""
+    if not args.json:
+        return
+    try:
+        Path(f"{args.json}.{backend}.partial").write_text(
+            json.dumps({**result, "ratio_spreads": spreads, "raw": raw, "partial": True}, indent=1, default=str))
+    except OSError:
+        pass
