@@ -111,6 +111,34 @@ class ApiGuard:
             report("change_state", error, then=f"pod {results.namespace}/{results.pod_name} retried next loop")
             self._deferred_results.append(results)
 
+    # ---------------------------------------------------------------- create
+
+    def _handle_pod_publish_error(self, task: Any, e: Exception) -> bool:
+        """A 5xx, a 429 or a connection error on create is re-queued for the next loop even when
+        ``task_publish_max_retries`` (default 0) would fail the task: a fenced launch's pod name
+        is deterministic, so a retried create that had reached the server ends in AlreadyExists,
+        recognised as created. Stuck-in-queued still bounds a launch that never gets its pod.
+        Launches without a token (fencing off, legacy rows) keep the provider's rule."""
+        if not (self._transient(e) and self._fencing and self._has_token(task)):
+            return super()._handle_pod_publish_error(task, e)
+        report("create", e, then="re-queued for the next loop")
+        configured, self.task_publish_max_retries = self.task_publish_max_retries, -1
+        try:
+            return super()._handle_pod_publish_error(task, e)
+        finally:
+            self.task_publish_max_retries = configured
+
+    @staticmethod
+    def _transient(error: BaseException) -> bool:
+        status = getattr(error, "status", None)
+        if isinstance(status, int) and status:
+            return status == 429 or status in (500, 502, 503, 504)
+        return is_api_error(error)
+
+    def _has_token(self, task: Any) -> bool:
+        launch = self._launch_of_job(task)
+        return launch is not None and bool(launch.token)
+
     # ---------------------------------------------------------------- revoke
 
     def get_pod_combined_search_str_to_pod_map(self) -> dict:

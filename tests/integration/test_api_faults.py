@@ -331,6 +331,28 @@ def test_create_faults_retry_next_loop(world, needs_emulator, kind, fault):
     assert all(state != FAILED for state, _ in sched.executor.event_buffer.values())
 
 
+@pytest.mark.parametrize("fault", ["500", "drop"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_create_faults_do_not_fail_the_task_with_default_publish_retries(world, needs_emulator, api_errors, kind,
+                                                                         fault):
+    """With the provider's default ``task_publish_max_retries = 0`` one 500 (or dropped
+    connection) on create fails the task and burns a try; the fenced executor re-queues it."""
+    world.monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__TASK_PUBLISH_MAX_RETRIES", "0")
+    sched = world.scheduler(kind)
+    fault_id = world.emulator.add_fault(method="POST", path=r"/pods$", times=1, who=sched.user, **FAULTS[fault])
+    world.queue(sched)
+    row = world.row("t1")
+    sched.executor.heartbeat()
+    failed = [key for key, (state, _) in sched.executor.event_buffer.items() if state == FAILED]
+    if kind == "stock":
+        assert failed == [row.key], "stock executor no longer fails the task on one create error"
+        return
+    assert failed == [] and any(call == "create" for call, _ in api_errors)
+    world.emulator.clear_faults(fault_id)
+    assert world.sync_until(sched.executor, lambda: len(world.pods()) == 1, timeout=10)
+    assert not any(state == FAILED for state, _ in sched.executor.event_buffer.values())
+
+
 # ---------------------------------------------------------------------------- item 5: revoke, adoption
 
 
