@@ -78,6 +78,8 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             cfg[k] = args.reps
     if args.sweep_sizes:
         cfg["sweep_sizes"] = [int(x) for x in args.sweep_sizes.split(",")]
+    if args.inflight_sizes:
+        cfg["inflight_sizes"] = [int(x) for x in args.inflight_sizes.split(",")]
     only = set(args.only.split(",")) if args.only else set(SCENARIOS)
     started = time.monotonic()
     workdir = Path(args.workdir) / backend if args.workdir else None
@@ -219,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                          " ~/.cache/fenced-envtest) has one")
     ap.add_argument("--reps", type=int, help="override every scenario's ABBA repetitions")
     ap.add_argument("--sweep-sizes", help="override the sweep sizes, e.g. 1000,100000")
+    ap.add_argument("--inflight-sizes", help="override the launches-in-flight sizes, e.g. 10,1000")
     ap.add_argument("--stock-pagination", action="store_true",
                     help="the lab emulator's own list pagination (O(N) per page) instead of the bench's lazy one")
     ap.add_argument("--profile", metavar="DIR", help="cProfile the fenced hot paths (first fenced repetition)")

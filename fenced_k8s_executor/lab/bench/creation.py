@@ -125,6 +125,8 @@ def _precreate_once(lab: Lab, ex, tis: list) -> dict:
             ex.queue_workload(workload(ti), session=None)
         ex.trigger_tasks(open_slots=len(tis))
         ex.kube_scheduler.run_next = created.append  # no pod creation: the check alone
+        if hasattr(ex, "_loop_rows"):  # a new loop: no rows read yet (sync() would reset it too)
+            ex._loop_rows = None
         before, counter = lab.trips.snapshot(), ledger.ROUND_TRIPS
         t0 = time.perf_counter()
         ex._create_pods_sequentially()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import nullcontext
 import threading
 import time
 import tracemalloc
 import uuid
 
-from fenced_k8s_executor.lab.bench.env import Lab, median, progress
+from fenced_k8s_executor.lab.bench.env import Lab, median, profiled, progress
 from fenced_k8s_executor.launch import LaunchIdentity
 from fenced_k8s_executor.sweep import Sweeper
 
@@ -174,7 +175,8 @@ def sweep(lab: Lab, sizes: list[int], reps: int, stale_fraction: float, page_siz
         samples = []
         for rep in range(reps):
             fill(lab, ns, stale)  # the previous sweep deleted them
-            samples.append(_once(lab, sweeper, size, len(stale)))
+            with profiled(lab, f"sweep_{size}") if rep == 0 else nullcontext():
+                samples.append(_once(lab, sweeper, size, len(stale)))
         out["raw"][key] = samples
         out["seconds"][key] = median([s["seconds"] for s in samples])
         out.setdefault("cpu_seconds", {})[key] = median([s["cpu_seconds"] for s in samples])
