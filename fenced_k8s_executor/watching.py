@@ -284,11 +284,12 @@ def _make_resilient_watcher(self: Any, namespace: str) -> ResilientJobWatcher:
 def install_resilient_watchers(kube_scheduler: Any) -> None:
     """Bind the watcher factory on this kube scheduler and replace the provider's watchers it
     has just started (their events already queued stay queued)."""
-    if kube_scheduler is None:
+    watchers = getattr(kube_scheduler, "kube_watchers", None)
+    if not isinstance(watchers, dict):  # no kube scheduler (or a test double): nothing to replace
         return
     kube_scheduler._make_kube_watcher = MethodType(_make_resilient_watcher, kube_scheduler)
     for namespace, old in list(kube_scheduler.kube_watchers.items()):
-        if isinstance(old, ResilientJobWatcher):
+        if isinstance(old, ResilientJobWatcher) or not isinstance(old, KubernetesJobWatcher):
             continue
         old.terminate()
         old.join(timeout=10)
