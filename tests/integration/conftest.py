@@ -138,8 +138,12 @@ class World:
 
     def kill(self, sched: Scheduler) -> None:
         """The scheduler stops heartbeating; its peers' orphan check fails it once
-        ``[scheduler] scheduler_health_check_threshold`` (1 s here) has passed."""
-        time.sleep(1.2)
+        ``[scheduler] scheduler_health_check_threshold`` (1 s here) has passed since its last one."""
+        from airflow.utils import timezone
+
+        last = sched.job.latest_heartbeat
+        waited = (timezone.utcnow() - last).total_seconds() if last is not None else 0.0
+        time.sleep(max(0.0, 1.2 - waited))
 
     def ref(self, row: Row):
         return row
@@ -149,7 +153,8 @@ class World:
     def pods(self, row: Row | None = None) -> list:
         pods = self.kube.list_namespaced_pod(self.namespace).items
         if row is not None:
-            pods = [p for p in pods if (p.metadata.annotations or {}).get("task_id") == row.task_id]
+            pods = [p for p in pods if (p.metadata.annotations or {}).get("task_id") == row.task_id
+                    and (p.metadata.annotations or {}).get("run_id") == row.run_id]
         return pods
 
     def live_pods(self, row: Row | None = None) -> list:
