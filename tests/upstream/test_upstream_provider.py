@@ -9,29 +9,37 @@ this test unless ``allowlist.txt`` lists it with a reason.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 from upstream_run import ALLOWLIST, compare, read_allowlist, run_suites
 
 #: The suite must really have run: a broken harness must not pass as "no regressions".
 MIN_STOCK_PASSED = 100
 
 
-def test_provider_suite_passes_on_fenced_wherever_it_passes_on_stock(upstream_suite, upstream_report, tmp_path):
-    runs = run_suites(upstream_suite, tmp_path)
+def test_provider_suite_passes_on_fenced_wherever_it_passes_on_stock(upstream_suite, upstream_report):
+    # Own folder, not tmp_path: other pytest sessions of the same user prune old basetemps.
+    workdir = Path(tempfile.mkdtemp(prefix="fenced-upstream-"))
+    runs = run_suites(upstream_suite, workdir)
+    upstream_report.append(f"logs: {workdir}")
     stock, fenced = runs["stock"], runs["fenced"]
     pin = "pinned sha256" if upstream_suite.pinned else "UNPINNED sha256 (checked by pip against the index)"
     upstream_report.append(f"apache-airflow-providers-cncf-kubernetes {upstream_suite.provider_version} "
                            f"sdist, {pin} {upstream_suite.sha256[:16]}")
     upstream_report.extend(run.summary() for run in (stock, fenced))
+    upstream_report.append(f"stock run evidence: {stock.evidence}")
+    upstream_report.append(f"fenced run evidence: {fenced.evidence}")
+    warnings = fenced.log.parent / "fenced-warnings.txt"
+    if warnings.is_file():  # logged by passing tests too; a drop-in hint, not a verdict
+        upstream_report.extend(f"  fenced warning x{line.strip()}" for line in warnings.read_text().splitlines()[:8])
 
     for run in (stock, fenced):
         assert run.returncode in (0, 1) and run.outcomes, (
             f"the {run.executor} run did not complete (exit {run.returncode}); see {run.log}:\n"
             + run.log.read_text()[-3000:])
     assert stock.count("passed") >= MIN_STOCK_PASSED, f"stock run too small to prove anything: {stock.summary()}"
-    upstream_report.append(f"fenced executor in the fenced run: {fenced.evidence}")
-    warnings = fenced.log.parent / "fenced-warnings.txt"
-    if warnings.is_file():  # logged by passing tests too; a drop-in hint, not a verdict
-        upstream_report.extend(f"  fenced warning x{line.strip()}" for line in warnings.read_text().splitlines()[:8])
     # Fenced on its defaults: enforce mode, sweeper included, in every start.
     assert fenced.evidence.get("started", 0) > 0, "no FencedKubernetesExecutor was started in the fenced run"
     assert fenced.evidence["started"] == fenced.evidence.get("started mode=enforce") == fenced.evidence.get(
@@ -47,3 +55,10 @@ def test_provider_suite_passes_on_fenced_wherever_it_passes_on_stock(upstream_su
         f"pass on stock, fail on fenced ({len(unexpected)}): {unexpected}\n"
         f"fenced log: {fenced.log}\n" + fenced.log.read_text()[-6000:])
     assert not stale, f"{ALLOWLIST.name} lists tests that pass on fenced now: {stale}"
+    # A process the fenced executor starts outside the provider's (patched) classes outlives the
+    # test that started it: the run would hang at exit without upstream_plugin ending it.
+    leftover = fenced.evidence.get("leftover processes", 0)
+    assert leftover <= stock.evidence.get("leftover processes", 0), (
+        f"the fenced run left {leftover} child processes running at its end: "
+        f"{ {k: v for k, v in fenced.evidence.items() if k.startswith('leftover')} }")
+    shutil.rmtree(workdir, ignore_errors=True)

@@ -16,8 +16,10 @@ whole Airflow test environment. Instead this plugin gives the suite the little i
 * with ``FENCED_UPSTREAM_EXECUTOR=fenced``: ``test_kubernetes_executor.py`` imports
   ``FencedKubernetesExecutor`` under the name ``KubernetesExecutor``, exactly as if its import
   line read ``from fenced_k8s_executor import FencedKubernetesExecutor as KubernetesExecutor``,
-  and ``fenced-evidence.json`` records how many fenced executors started, in which mode, with a
-  sweeper, and how many sweeps ran (so the run proves the fenced code really ran, on defaults).
+  and ``evidence.json`` records how many fenced executors started, in which mode, with a
+  sweeper, and how many sweeps ran (so the run proves the fenced code really ran, on defaults);
+* in both runs: child processes still alive at the end (say, a watcher process a test started
+  and never ended) are counted in ``evidence.json`` and ended, so that the run can exit.
 
 Nothing is copied from devel-common: its modules are imported from the unpacked wheel and only
 extended where they fall short on Airflow 3.3.
@@ -106,7 +108,7 @@ def _complete_conf_vars() -> None:
     config.conf_vars = conf_vars
 
 
-EVIDENCE_FILE = "fenced-evidence.json"
+EVIDENCE_FILE = "evidence.json"
 _evidence: collections.Counter = collections.Counter()
 _warnings: collections.Counter = collections.Counter()
 
@@ -154,13 +156,45 @@ class _WarningCounter(logging.Handler):
 _PROBE = "upstream_plugin: is the warning counter still attached?"
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def _end_leftover_processes() -> None:
+    """Child processes still alive when the session ends (a watcher a test started and nobody
+    ended) would keep this pytest from exiting (multiprocessing joins them at exit): record them
+    in the evidence, then end them so the run finishes."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        _evidence["leftover processes"] += 1
+        _evidence[f"leftover process {type(child).__module__}.{type(child).__qualname__}"] += 1
+        child.terminate()
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+
+
+_seen_children: set[int] = set()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Name the test after which a child process is still alive (evidence only)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.pid not in _seen_children:
+            _seen_children.add(child.pid)
+            _evidence[f"leftover after {item.nodeid}"] += 1
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _end_leftover_processes()
     if executor_under_test() == "fenced":
         logging.getLogger("fenced_k8s_executor").warning(_PROBE)
-        with open(EVIDENCE_FILE, "w") as out:
-            json.dump(dict(_evidence), out, indent=1)
         with open("fenced-warnings.txt", "w") as out:
             out.writelines(f"{count:5d}  {message}\n" for message, count in _warnings.most_common())
+    with open(EVIDENCE_FILE, "w") as out:
+        json.dump(dict(_evidence), out, indent=1)
 
 
 def pytest_configure(config: pytest.Config) -> None:

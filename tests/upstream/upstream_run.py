@@ -12,7 +12,9 @@ By hand (prints the counts and the regressions; exit 1 on a regression not in th
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +42,7 @@ class Run:
     seconds: float
     outcomes: dict[str, str] = field(default_factory=dict)  # nodeid -> passed | failed | skipped
     log: Path | None = None
-    evidence: dict[str, int] = field(default_factory=dict)  # fenced run: what the fenced executor did
+    evidence: dict[str, int] = field(default_factory=dict)  # leftover processes; fenced: what it did
 
     def count(self, outcome: str) -> int:
         return sum(1 for value in self.outcomes.values() if value == outcome)
@@ -101,28 +103,29 @@ class _Started:
                "-q", "-rfE", "--tb=short", f"--junitxml={self.junit}", *extra_args]
         self.start = time.monotonic()
         with self.log.open("w") as out:
-            self.proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # its own process group, see wait()
 
     def wait(self) -> Run:
         try:
             returncode = self.proc.wait(timeout=max(1.0, self.start + self.timeout - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        except subprocess.TimeoutExpired:  # the run and anything it forked (watcher processes)
+            os.killpg(self.proc.pid, signal.SIGKILL)
             returncode = self.proc.wait()
         seconds = time.monotonic() - self.start
         outcomes = read_junit(self.junit, self.suite.root) if self.junit.is_file() else {}
-        evidence_file = self.log.parent / "fenced-evidence.json"
+        evidence_file = self.log.parent / "evidence.json"
         evidence = json.loads(evidence_file.read_text()) if evidence_file.is_file() else {}
         return Run(self.executor, returncode, seconds, outcomes, self.log, evidence)
 
 
-def run_suites(suite, workdir: Path, extra_args: list[str] = (), timeout: float = 1500) -> dict[str, Run]:
+def run_suites(suite, workdir: Path, extra_args: list[str] = (), timeout: float = 900) -> dict[str, Run]:
     """Both runs at once (each is one mostly single-threaded pytest process)."""
     started = [_Started(suite, name, workdir, extra_args, timeout) for name in EXECUTORS]
     return {s.executor: s.wait() for s in started}
 
 
-def run_suite(suite, executor: str, workdir: Path, extra_args: list[str] = (), timeout: float = 1500) -> Run:
+def run_suite(suite, executor: str, workdir: Path, extra_args: list[str] = (), timeout: float = 900) -> Run:
     """One run of the upstream suite in a subprocess, ``executor`` being ``stock`` or ``fenced``."""
     return _Started(suite, executor, workdir, extra_args, timeout).wait()
 
@@ -156,7 +159,7 @@ def main(argv: list[str]) -> int:
     workdir = keep or Path(tempfile.mkdtemp(prefix="upstream-"))
     runs = run_suites(suite, workdir, argv)
     for run in runs.values():
-        print(run.summary(), f"(log {run.log})", run.evidence or "")
+        print(run.summary(), f"(log {run.log})", run.evidence)
     allow = read_allowlist()
     regressions = compare(runs["stock"], runs["fenced"])
     for test in regressions:
