@@ -127,12 +127,23 @@ class RoundTrips:
 # ---------------------------------------------------------------- subprocess helpers
 
 
+def _die_with_parent() -> None:  # in the child between fork and exec: a killed bench leaves no emulator/kubelet
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class Proc:
     def __init__(self, args: list[str], log: Path, env: dict | None = None):
         self.log = log
         self._f = open(log, "w")
         self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._f, text=True,
-                                  env={**os.environ, **(env or {})}, start_new_session=True)
+                                  env={**os.environ, **(env or {})}, start_new_session=True,
+                                  preexec_fn=_die_with_parent)
 
     def ready_line(self, prefix: str, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
