@@ -8,6 +8,7 @@ used as evidence.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from dataclasses import dataclass
@@ -31,8 +32,14 @@ def as_token(value: object) -> str | None:
     """Return the canonical token if ``value`` is a launch token (a UUID), else None (legacy)."""
     if value is None:
         return None
+    return _canonical(value if isinstance(value, str) else str(value))
+
+
+@functools.lru_cache(maxsize=65536)
+def _canonical(text: str) -> str | None:
+    """Parsed once per distinct string: every loop compares the same in-flight tokens again."""
     try:
-        return str(uuid.UUID(str(value)))
+        return str(uuid.UUID(text))
     except ValueError:
         return None
 
