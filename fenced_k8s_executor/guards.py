@@ -48,8 +48,9 @@ def report(call: str, error: BaseException, then: str = "retrying next loop") ->
     """The one log line and the one metric of an API error."""
     status = status_of(error)
     metrics.incr("api_error", {"call": call, "status": status})
-    log.warning("fenced_k8s_executor API error call=%s status=%s %s: %s", call, status, then,
-                str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
+    text = str(error).strip()
+    detail = getattr(error, "reason", None) or (text.splitlines()[0][:200] if text else type(error).__name__)
+    log.warning("fenced_k8s_executor API error call=%s status=%s %s: %s", call, status, then, detail)
 
 
 @dataclass(frozen=True)
