@@ -20,7 +20,7 @@ from airflow.executors.base_executor import BaseExecutor
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 
-from fenced_k8s_executor import compat, config, metrics, pods, verdicts
+from fenced_k8s_executor import compat, config, guards, metrics, pods, verdicts
 from fenced_k8s_executor.fences.common import FAILED, QUEUED, workload_of
 from fenced_k8s_executor.fences.creation import CreationFence
 from fenced_k8s_executor.fences.events import EventFence
@@ -278,7 +278,10 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         try:
             ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
         except Exception as error:
-            log.warning("fenced_k8s_executor could not read pod %s/%s: %r", namespace, name, error)
+            if guards.is_api_error(error):
+                guards.report("read", error, then=f"pod {namespace}/{name} checked again later")
+            else:
+                log.warning("fenced_k8s_executor could not read pod %s/%s: %r", namespace, name, error)
             return None
         if ref is None:
             return True

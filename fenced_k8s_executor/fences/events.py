@@ -10,7 +10,7 @@ import copy
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fenced_k8s_executor import batches, ledger, metrics, verdicts
+from fenced_k8s_executor import guards, batches, ledger, metrics, verdicts
 from fenced_k8s_executor.fences.common import ADOPTED, FAILED, RUNNING, workload_of
 from fenced_k8s_executor.launch import pod_name
 from fenced_k8s_executor.metrics import short
@@ -64,7 +64,10 @@ class EventFence:
                 rows = ledger.read_rows(tasks)
             self._loop_rows = (tasks, rows)
         except Exception as error:  # each result is then checked (and retried) on its own
-            log.warning("fenced_k8s_executor state-change prefetch failed: %r", error)
+            if guards.is_api_error(error):
+                guards.report("read", error, then="each result checked on its own")
+            else:
+                log.warning("fenced_k8s_executor state-change prefetch failed: %r", error)
             return
         for result in batch:
             launch = launches[id(result)]

@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import annotations_to_key
 
-from fenced_k8s_executor import metrics, pods, verdicts
+from fenced_k8s_executor import guards, metrics, pods, verdicts
 from fenced_k8s_executor.launch import as_token
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import TI_ID_LABEL
@@ -137,4 +137,7 @@ class HandoverFence:
                             launch=short(ref.launch.token),
                         )
             except Exception as error:  # the stuck-queued handler must go on; the sweep follows up
-                log.warning("fenced_k8s_executor revoke listing failed for %s: %r", ti.id, error)
+                if guards.is_api_error(error):
+                    guards.report("revoke", error, then="the reconcile and the sweep follow up")
+                else:
+                    log.warning("fenced_k8s_executor revoke listing failed for %s: %r", ti.id, error)
