@@ -10,7 +10,7 @@ import copy
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fenced_k8s_executor import guards, batches, ledger, metrics, verdicts
+from fenced_k8s_executor import batches, guards, ledger, metrics, verdicts
 from fenced_k8s_executor.fences.common import ADOPTED, FAILED, RUNNING, workload_of
 from fenced_k8s_executor.launch import pod_name
 from fenced_k8s_executor.metrics import short
