@@ -181,8 +181,7 @@ def measure(ev: Evidence) -> dict[str, Any]:
         "pods_deleted_by_executor": len(ev.deletes),
         "false_positive_deletions": false_positives,
         "executor_slots_leaked": slots_leaked(ev, sum(final_states[s] for s in HOLDS_SLOT)),
-        "other_deployment_pods_deleted": None if ev.cross_deletes is None else sum(
-            1 for d in ev.cross_deletes if str(d["who"]).startswith("scheduler")),
+        "other_deployment_pods_deleted": None if ev.cross_deletes is None else len(ev.cross_deletes),
         "own_pods_deleted_by_neighbour": None if ev.cross_deletes is None else sum(
             1 for d in ev.cross_deletes if not str(d["who"]).startswith("scheduler")),
         "fencing_decisions": dict(sorted(decisions.items())),

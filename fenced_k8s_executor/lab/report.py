@@ -25,8 +25,8 @@ ROWS = [
     ("wasted_pod_seconds", "wasted pod-seconds"),
     ("pods_deleted_by_executor", "pods deleted by the executor"),
     ("false_positive_deletions", "  false-positive deletions"),
-    ("other_deployment_pods_deleted", "other deployment's pods deleted"),
-    ("own_pods_deleted_by_neighbour", "  ours deleted by the (stock) neighbour"),
+    ("other_deployment_pods_deleted", "other deployment's pods deleted (either way)"),
+    ("own_pods_deleted_by_neighbour", "  of which ours, by the neighbour"),
     ("wall_seconds", "wall time (s)"),
 ]
 

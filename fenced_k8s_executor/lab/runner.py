@@ -227,15 +227,16 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     try:
         n_sched = scenario.schedulers or schedulers
         say(f"[{scenario.name}/{executor}] starting PostgreSQL DB, emulator, api-server, dag-processor, "
-            f"{n_sched} scheduler(s)" + (" and a stock neighbour deployment" if scenario.neighbour else ""))
+            f"{n_sched} scheduler(s)" + (f" and a {executor} neighbour deployment" if scenario.neighbour else ""))
         stack = AirflowStack(run_dir, db_url, emulator.url, dags, executor=EXECUTORS[executor],
                              schedulers=n_sched, namespace=f"lab-{scenario.name}", env=env, emulator=emulator)
         if scenario.neighbour:
             n_dags = write_fanout(run_dir / "neighbour" / "dags", dag_id, scenario.neighbour[0],
                                   seconds=scenario.neighbour[1]).parent
             neighbour = AirflowStack(run_dir / "neighbour", new_airflow_db(pg_server), emulator.url, n_dags,
-                                     executor=STOCK_EXECUTOR, schedulers=1, namespace=stack.namespace,
-                                     env={**COMMON_ENV, **scenario.env}, emulator=_NamedAs(emulator, NEIGHBOUR),
+                                     executor=EXECUTORS[executor], schedulers=1, namespace=stack.namespace,
+                                     env={k: v for k, v in env.items() if not k.startswith("AIRFLOW__METRICS__")},
+                                     emulator=_NamedAs(emulator, NEIGHBOUR),
                                      kube_token=lambda role: f"{NEIGHBOUR}{role}")
             _neighbour_pod_template(neighbour, stack.worker_env(), scenario.neighbour[2])
             neighbour.start()

@@ -30,8 +30,8 @@ class Scenario:
     timeout: float = 300.0  # seconds to wait for every task to be terminal
     task_seconds: float = 1.0  # how long each task's code runs
     fail_first: bool = False  # each task fails its first try on purpose (its own failure, not HA's)
-    #: a second, stock deployment (own DB, api-server, scheduler) in the same namespace running the
-    #: same DAG: (tasks, task seconds, pod start delay)
+    #: a second deployment on the same executor (own DB, api-server, one scheduler) in the same
+    #: namespace running the same DAG: (tasks, task seconds, pod start delay)
     neighbour: tuple[int, float, float | None] | None = None
 
     @property
@@ -133,9 +133,9 @@ def _retry_storm(ctx: Any) -> None:
 
 def _shared_namespace(ctx: Any) -> None:
     """Two deployments (two metadata DBs, each with its api-server and schedulers) share one
-    namespace and run the same DAG with the same run id: the neighbour is stock, its pods start
-    late and run long, across at least one sweep of the deployment under test. Nobody may
-    delete the other deployment's pods."""
+    namespace and run the same DAG with the same run id, both on the executor under test (the
+    neighbour with one scheduler): the neighbour's pods start late and run long, across at least
+    one sweep of the other deployment. Nobody may delete the other deployment's pods."""
     run_id = "lab_shared_run"
     ctx.trigger_neighbour(run_id)
     ctx.trigger(run_id)

@@ -155,7 +155,7 @@ def test_deletions_of_the_other_deployments_pods_are_read_from_the_audit():
     found = cross_deletes(audit, "neighbour-")
     assert [(d["who"], d["name"]) for d in found] == [("scheduler-1", "theirs"), ("neighbour-scheduler-0", "ours")]
     m = measure(evidence(cross_deletes=found))
-    assert m["other_deployment_pods_deleted"] == 1 and m["own_pods_deleted_by_neighbour"] == 1
+    assert m["other_deployment_pods_deleted"] == 2 and m["own_pods_deleted_by_neighbour"] == 1
     assert measure(evidence())["other_deployment_pods_deleted"] is None
 
 
