@@ -115,19 +115,31 @@ class Airflow:
                 model.is_paused = True
 
     def retire(self, dag_id: str) -> None:
-        """Pause the DAG and fail its running runs (what a user does in the UI), so that no other
-        scheduler schedules, queues or adopts anything of it any more."""
-        from sqlalchemy import select
+        """Pause the DAG and mark its unfinished runs failed (what a user does in the UI: running
+        TIs fail, pending ones are skipped), so no scheduler schedules, queues or adopts anything
+        of it any more and its TIs stop holding pool slots."""
+        from sqlalchemy import func, select
 
+        from airflow.api.common.mark_tasks import set_dag_run_state_to_failed
+        from airflow.ti_deps.dependencies_states import EXECUTION_STATES
+        from airflow.models.taskinstance import TaskInstance
         from airflow.models.dagrun import DagRun
         from airflow.utils.session import create_session
         from airflow.utils.state import DagRunState
 
         self.pause(dag_id)
+        dag = self.serialized_dag(dag_id)
         with create_session() as session:
-            for run in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id,
-                                                            DagRun.state != DagRunState.FAILED)):
-                run.set_state(DagRunState.FAILED)
+            run_ids = list(session.scalars(select(DagRun.run_id).where(DagRun.dag_id == dag_id,
+                                                                       DagRun.state != DagRunState.FAILED)))
+        for run_id in run_ids:
+            with create_session() as session:
+                set_dag_run_state_to_failed(dag=dag, run_id=run_id, commit=True, session=session)
+        with create_session() as session:
+            holding = session.scalar(select(func.count()).select_from(TaskInstance).where(
+                TaskInstance.dag_id == dag_id, TaskInstance.state.in_(list(EXECUTION_STATES))))
+        if holding:
+            raise RuntimeError(f"{holding} TIs of {dag_id} still hold pool slots after retiring it")
 
     def serialized_dag(self, dag_id: str):
         from airflow.models.serialized_dag import SerializedDagModel
