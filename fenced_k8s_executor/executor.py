@@ -18,7 +18,6 @@ from kubernetes.client import models as k8s
 
 from airflow.executors.base_executor import BaseExecutor
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
-from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 
 from fenced_k8s_executor import compat, config, guards, metrics, pods, verdicts
 from fenced_k8s_executor.fences.common import FAILED, QUEUED, workload_of
@@ -182,16 +181,15 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         return pod
 
     def execute_async(self, key: Any, command: Any, queue: str | None = None, executor_config: Any = None) -> None:
+        """Stock queueing plus the launch's bookkeeping. The identity is attached when the
+        creation batch takes the job off the task queue (``_with_launch``), not here: the
+        provider's task queue is a Manager queue, and a pod override pickled through it per
+        workload made queueing several times slower than stock."""
         workload = workload_of(command)
         if self.fence is None or self.fence.mode is config.Mode.OFF or workload is None:
             return super().execute_async(key, command, queue, executor_config)
+        super().execute_async(key, command, queue, executor_config)
         launch = self._launch_of_workload(workload)
-        try:
-            user_pod = PodGenerator.from_obj(executor_config)
-        except Exception:  # the provider fails the task for an unreadable executor_config
-            return super().execute_async(key, command, queue, executor_config)
-        override = self._with_identity(user_pod, workload, launch)
-        super().execute_async(key, command, queue, {**(executor_config or {}), "pod_override": override})
         if key in self.running:
             self.book.queued(key, launch)  # legacy launches too: their slot is theirs alone
         if launch.token:
@@ -200,6 +198,15 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
             # token (b5). The scheduler's own pre-assigned value is the token.
             if self.event_buffer.get(key) == (QUEUED, self.scheduler_job_id):
                 self.event_buffer.pop(key, None)
+
+    def _with_launch(self, job: KubernetesJob) -> KubernetesJob:
+        """The creation job with its launch identity in the pod override (idempotent: a job
+        re-queued after a failed create already carries it and gets the same values)."""
+        workload = workload_of(job.command)
+        if not self._fencing or workload is None:
+            return job
+        launch = self._launch_of_workload(workload)
+        return job._replace(kube_executor_config=self._with_identity(job.kube_executor_config, workload, launch))
 
     def _arm(self, job: KubernetesJob, launch: LaunchIdentity) -> None:
         """Right before a pod is created for a current launch (never for a dropped one): mint the
