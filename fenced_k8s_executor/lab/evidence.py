@@ -49,6 +49,13 @@ FOR EACH ROW EXECUTE FUNCTION lab_ti_log_fn();
 
 DECISION = re.compile(r"decision=(\S+) path=(\S+) reason=(\S+) enforced=(\S+)(?:.*?pod=(\S+))?")
 ACCESS_STATUS = re.compile(r"status_code[\"']?\s*[=:]\s*(\d{3})")
+#: airflow-core's SchedulerJobRunner._process_executor_events, once per event it takes from the buffer.
+EXECUTOR_EVENT = re.compile(r"Received executor event with state (\w+) for task instance TaskInstanceKey\("
+                            r"dag_id='([^']*)', task_id='([^']*)', run_id='([^']*)', try_number=(\d+)")
+#: The provider's KubernetesJobWatcher.run re-raising (its process exits) and the executor's health
+#: check finding a dead watcher process and starting a new one.
+WATCHER_CRASH = "Unknown error in KubernetesJobWatcher. Failing"
+WATCHER_RESTART = "Error while health checking kube watcher process"
 
 
 def install_change_log(db_url: str) -> None:
@@ -126,6 +133,42 @@ def decisions(scheduler_logs: list[Path]) -> list[dict]:
                 found.append({"decision": match.group(1), "path": match.group(2), "reason": match.group(3),
                               "enforced": match.group(4) == "True", "pod": match.group(5) or ""})
     return found
+
+
+def _log_name(path: Path) -> str:
+    return path.name
+
+
+def executor_events(scheduler_logs: list[Path], states: tuple[str, ...] = ("success", "failed")) -> list[dict]:
+    """Executor events the schedulers took from their event buffers (``Received executor event``),
+    terminal states only by default."""
+    found = []
+    for path in scheduler_logs:
+        for line in path.read_text(errors="replace").splitlines():
+            match = EXECUTOR_EVENT.search(line)
+            if match and match.group(1) in states:
+                found.append({"log": _log_name(path), "state": match.group(1), "dag_id": match.group(2),
+                              "task_id": match.group(3), "run_id": match.group(4), "try_number": int(match.group(5))})
+    return found
+
+
+def watcher_lines(scheduler_logs: list[Path]) -> list[dict]:
+    """The pod watcher dying (``crash``) or being restarted by the health check (``restart``), in log order."""
+    found = []
+    for path in scheduler_logs:
+        for line in path.read_text(errors="replace").splitlines():
+            if WATCHER_CRASH in line:
+                found.append({"log": _log_name(path), "kind": "crash", "line": line[:200]})
+            elif WATCHER_RESTART in line:
+                found.append({"log": _log_name(path), "kind": "restart", "line": line[:200]})
+    return found
+
+
+def api_faults(audit: list[dict], callers: str = "scheduler") -> list[dict]:
+    """The schedulers' API requests an injected fault hit (status, drop, delay), from the audit."""
+    return [{"ts": e.get("ts"), "verb": e.get("verb"), "who": e.get("who"), "code": e.get("code"),
+             "path": e.get("path")}
+            for e in audit if e.get("fault") and str(e.get("who", "")).startswith(callers)]
 
 
 def scheduler_deletes(audit: list[dict]) -> list[dict]:
@@ -224,8 +267,10 @@ class GaugeListener:
 
 def collect(*, db_url: str, kubelet_records: dict[str, dict], audit: list[dict], log_dir: Path,
             wall_seconds: float, faults: list[dict], gauges: list[dict] | None = None,
-            cleared: list[dict] | None = None, foreign_prefix: str | None = None) -> Evidence:
+            cleared: list[dict] | None = None, foreign_prefix: str | None = None,
+            scheduler_exits: list[dict] | None = None) -> Evidence:
     log, tis, history = read_db(db_url)
+    scheduler_logs = sorted(log_dir.glob("scheduler-*.log"))
     foreign = {name for name, who in pod_creators(audit).items()
                if foreign_prefix and who.startswith(foreign_prefix)}
     return Evidence(
@@ -235,13 +280,17 @@ def collect(*, db_url: str, kubelet_records: dict[str, dict], audit: list[dict],
         pods=pod_evidence(kubelet_records, skip=foreign),
         run_calls=run_calls(log_dir / "api-server.log"),
         deletes=scheduler_deletes(audit),
-        decisions=decisions(sorted(log_dir.glob("scheduler-*.log"))),
+        decisions=decisions(scheduler_logs),
         wall_seconds=wall_seconds,
         faults=faults,
         gauges=gauges,
         collected_at=time.time(),
         cleared=cleared or [],
         cross_deletes=cross_deletes(audit, foreign_prefix) if foreign_prefix else None,
+        executor_events=executor_events(scheduler_logs),
+        watcher_lines=watcher_lines(scheduler_logs),
+        scheduler_exits=scheduler_exits,
+        api_faults=api_faults(audit),
     )
 
 

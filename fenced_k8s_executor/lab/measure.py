@@ -50,6 +50,15 @@ class Evidence:
     cleared: list[dict] = field(default_factory=list)  # TIs a user cleared through the REST API {ts, task_id}
     #: deletions of the other deployment's pods in a shared namespace {ts, who, name, creator}; None: no neighbour
     cross_deletes: list[dict] | None = None
+    #: terminal executor events the schedulers received, from their logs {log, task_id, try_number, state}; None: not read
+    executor_events: list[dict] | None = None
+    #: the pod watcher dying or being restarted, from the scheduler logs {log, kind: crash|restart}; None: not read
+    watcher_lines: list[dict] | None = None
+    #: scheduler processes that exited while the run went on {ts, role, returncode, requested, last_error};
+    #: ``requested``: the scenario killed it on purpose. None: not supervised
+    scheduler_exits: list[dict] | None = None
+    #: API requests of the schedulers that an injected fault hit, from the API audit {verb, who, code}
+    api_faults: list[dict] | None = None
 
 
 @dataclass
@@ -184,6 +193,11 @@ def measure(ev: Evidence) -> dict[str, Any]:
         "other_deployment_pods_deleted": None if ev.cross_deletes is None else len(ev.cross_deletes),
         "own_pods_deleted_by_neighbour": None if ev.cross_deletes is None else sum(
             1 for d in ev.cross_deletes if not str(d["who"]).startswith("scheduler")),
+        "scheduler_crashes": scheduler_crashes(ev.scheduler_exits),
+        "watcher_crashes": watcher_crashes(ev.watcher_lines),
+        **events_applied(ev.executor_events, ev.pods),
+        "api_faults_hit": None if ev.api_faults is None else dict(sorted(Counter(
+            f["verb"] for f in ev.api_faults).items())),
         "fencing_decisions": dict(sorted(decisions.items())),
         "wall_seconds": round(ev.wall_seconds, 1),
     }
@@ -206,6 +220,57 @@ def tries_burned_by_ha(ev: Evidence, own_failures: set[tuple] | None = None) -> 
         own = sum(1 for task, tr in own_failures if task == ti["task_id"] and tr.isdigit() and int(tr) < final)
         burned += max(0, final - 1 - own - clears[ti["task_id"]])
     return burned
+
+
+def scheduler_crashes(exits: list[dict] | None) -> int | None:
+    """Scheduler processes that exited on their own while the run went on (the lab restarts
+    them, as a Deployment would): every exit the scenario did not ask for (SIGKILL in
+    ``failover``). None when the processes were not supervised."""
+    if exits is None:
+        return None
+    return sum(1 for e in exits if not e.get("requested"))
+
+
+def watcher_crashes(lines: list[dict] | None) -> int | None:
+    """Pod watcher processes that died: each ``Unknown error in KubernetesJobWatcher. Failing``
+    (the provider's watcher re-raising; its process exits) is one, and each restart by the
+    executor's health check (``Process died for unknown reasons``) that no such line explains is
+    one more (a watcher that died without logging). Read per scheduler log, in order."""
+    if lines is None:
+        return None
+    crashes, unexplained = 0, defaultdict(int)
+    for line in lines:
+        if line["kind"] == "crash":
+            crashes += 1
+            unexplained[line.get("log")] += 1
+        elif line["kind"] == "restart":
+            if unexplained[line.get("log")]:
+                unexplained[line.get("log")] -= 1
+            else:
+                crashes += 1
+    return crashes
+
+
+def events_applied(events: list[dict] | None, pods: list[dict]) -> dict[str, int | None]:
+    """Whether each pod's terminal state reached the scheduler exactly once.
+
+    Expected: one terminal executor event (success/failed) per TI try (task_id, try_number)
+    whose pod for the current launch (not started after its launch was superseded: ``_stale``,
+    set by ``measure``) reached a terminal phase. Received: the schedulers' ``Received executor
+    event with state success|failed`` lines for that try. A try expected once and received 0
+    times lost its event; one received twice or more (a watcher replaying after a gap, a stale
+    pod's event landing on the live try) had it applied more than once, as did a try that had no
+    finished current pod but received one. None when the logs were not read."""
+    keys = ("events_not_applied_once", "events_lost", "events_applied_extra")
+    if events is None:
+        return dict.fromkeys(keys)
+    received = Counter((str(e["task_id"]), str(e["try_number"])) for e in events
+                       if e.get("state") in ("success", "failed"))
+    expected = {(str(p.get("task_id")), str(p.get("try_number"))) for p in pods
+                if p.get("exit_code") is not None and not p.get("_stale") and p.get("task_id") is not None}
+    lost = sum(1 for k in expected if received[k] == 0)
+    extra = sum(1 for k, n in received.items() if n > (1 if k in expected else 0))
+    return {"events_not_applied_once": lost + extra, "events_lost": lost, "events_applied_extra": extra}
 
 
 def slots_leaked(ev: Evidence, tis_holding_slots: int) -> int | None:

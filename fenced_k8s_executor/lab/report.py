@@ -22,6 +22,11 @@ ROWS = [
     ("tasks_failed", "tasks failed"),
     ("tasks_not_terminal", "tasks not terminal"),
     ("executor_slots_leaked", "executor slots leaked"),
+    ("scheduler_crashes", "scheduler crashes (exits the scenario did not ask for)"),
+    ("watcher_crashes", "pod watcher crashes"),
+    ("events_not_applied_once", "TI tries whose pod event was applied more or less than once"),
+    ("events_lost", "  of which never applied"),
+    ("events_applied_extra", "  of which applied more than once"),
     ("wasted_pod_seconds", "wasted pod-seconds"),
     ("pods_deleted_by_executor", "pods deleted by the executor"),
     ("false_positive_deletions", "  false-positive deletions"),
@@ -39,6 +44,9 @@ HEADLINE = [
     ("tries_burned_by_ha", "tries burned by HA"),
     (("tasks_failed", "tasks_not_terminal"), "tasks failed / not terminal"),
     ("executor_slots_leaked", "executor slots leaked"),
+    ("scheduler_crashes", "scheduler crashes"),
+    ("watcher_crashes", "watcher crashes"),
+    ("events_not_applied_once", "pod events applied ≠ once"),
     ("other_deployment_pods_deleted", "other deployment's pods deleted"),
     ("false_positive_deletions", "false-positive deletions"),
     ("wasted_pod_seconds", "wasted pod-seconds"),
@@ -107,6 +115,10 @@ def table(results: dict[str, dict[str, dict[str, Any]]], settings: dict[str, dic
             decisions = by_executor[e].get("fencing_decisions") or {}
             if decisions:
                 lines.append(f"{e} fencing decisions: " + ", ".join(f"{k}={v}" for k, v in decisions.items()))
+            faults = by_executor[e].get("api_faults_hit") or {}
+            if faults:
+                lines.append(f"{e} API faults that hit the schedulers, by verb: "
+                             + ", ".join(f"{k}={v}" for k, v in faults.items()))
     return "\n".join(lines)
 
 
@@ -129,6 +141,11 @@ def write_markdown(results: dict, path: Path, context: dict[str, Any],
                 "|---|" + "---|" * len(executors)]
         for key, label in ROWS:
             out.append(f"| {label.strip()} | " + " | ".join(_cell(by_executor[e].get(key, "-")) for e in executors) + " |")
+        for e in executors:
+            faults = by_executor[e].get("api_faults_hit") or {}
+            if faults:
+                out += ["", f"{e}: API faults that hit the schedulers, by verb: "
+                        + ", ".join(f"{k}={v}" for k, v in faults.items())]
     path.write_text("\n".join(out) + "\n")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class RunContext:
     cleared: list[dict] = field(default_factory=list)  # TIs cleared through the REST API {ts, task_id}
     neighbour: Any = None  # the other deployment in a shared namespace (its AirflowStack), if any
     neighbour_run_id: str | None = None
+    killed: set = field(default_factory=set)  # scheduler roles the scenario killed on purpose
+
 
     def note(self, what: str) -> None:
         self.faults.append({"ts": time.time(), "what": what})
@@ -127,8 +130,39 @@ class RunContext:
         self.note(what)
 
     def kill_scheduler(self, i: int, what: str) -> None:
+        self.killed.add(self.stack.schedulers[i].name)  # before the signal: the supervisor must not restart it
         self.stack.schedulers[i].kill()
         self.note(what)
+
+    def scheduler_faults(self, what: str, specs: list[dict]) -> None:
+        """Inject each fault spec once per scheduler (the fault's ``who``), so the kubelet and the
+        api-server never meet them: the faults are aimed at the executor's own API calls."""
+        for proc in self.stack.schedulers:
+            for spec in specs:
+                self.emulator.add_fault(**spec, who=proc.name)
+        self.note(what)
+
+    def queued_backlog(self) -> dict[str, int]:
+        """{scheduler role: its QUEUED TIs that have no pod yet} (the jobs still in its task queue),
+        from the metadata DB (``queued_by_job_id``) and the API's pods (task and try annotations)."""
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(self.stack.db_url, poolclass=sa.pool.NullPool)
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(sa.text(
+                    "SELECT ti.task_id, ti.try_number, job.hostname FROM task_instance ti "
+                    "LEFT JOIN job ON job.id = ti.queued_by_job_id WHERE ti.state = 'queued'")).all()
+        finally:
+            engine.dispose()
+        have_pod = {((p["metadata"].get("annotations") or {}).get("task_id"),
+                     str((p["metadata"].get("annotations") or {}).get("try_number")))
+                    for p in self.emulator.pods(self.stack.namespace)}
+        backlog: dict[str, int] = {}
+        for task_id, try_number, role in rows:
+            if (task_id, str(try_number)) not in have_pod:
+                backlog[role or "?"] = backlog.get(role or "?", 0) + 1
+        return backlog
 
     def watch_gap(self) -> None:
         self.emulator.compact()
@@ -154,6 +188,70 @@ class RunContext:
             time.sleep(2)
         self.say("  timed out waiting for terminal states")
         return False
+
+
+class CrashSupervisor:
+    """Restarts a scheduler process that exits on its own, as a Deployment's restart policy would
+    (back-off 10 s, doubling to 40 s), and records every exit: the evidence behind "scheduler
+    crashes". Exits the scenario asked for (``ctx.killed``) are recorded as requested and left
+    dead (``failover``). Stopped before the stack is torn down."""
+
+    BACKOFF = (10.0, 20.0, 40.0)
+
+    def __init__(self, stack: Any, ctx: RunContext, say: Callable[[str], None]):
+        self.stack, self.ctx, self.say = stack, ctx, say
+        self.exits: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lab-crash-supervisor", daemon=True)
+        self._due: dict[str, float] = {}  # role -> when to restart it
+
+    def start(self) -> "CrashSupervisor":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self.check()
+            except Exception as error:  # noqa: BLE001 - never take the run down
+                self.say(f"  crash supervisor: {error!r}")
+
+    def check(self) -> None:
+        for i, proc in enumerate(self.stack.schedulers):
+            if proc.alive() or proc.proc is None:
+                continue
+            role = proc.name
+            if role not in self._due:
+                proc.signal(signal.SIGKILL)  # the container goes with its main process: its watcher too
+                requested = role in self.ctx.killed
+                self.exits.append({"ts": time.time(), "role": role, "returncode": proc.proc.returncode,
+                                   "requested": requested, "log": proc.log_path.name,
+                                   "last_error": _last_error(proc.tail(60))})
+                if requested:
+                    self._due[role] = float("inf")
+                    continue
+                crashes = sum(1 for e in self.exits if e["role"] == role and not e["requested"])
+                backoff = self.BACKOFF[min(crashes, len(self.BACKOFF)) - 1]
+                self._due[role] = time.time() + backoff
+                self.ctx.note(f"{role} exited (rc {proc.proc.returncode}); restart in {backoff:.0f}s")
+            elif time.time() >= self._due[role]:
+                del self._due[role]
+                self.stack.start_scheduler(i)
+                self.ctx.note(f"{role} restarted")
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        return self.exits
+
+
+def _last_error(tail: str) -> str:
+    lines = [line for line in tail.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "Exception" in line:
+            return line.strip()[:300]
+    return lines[-1].strip()[:300] if lines else ""
 
 
 def _settle(kubelet: Any, emulator: Any, namespace: str, *, timeout: float, say: Callable[[str], None]) -> None:
@@ -211,7 +309,7 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     width = scenario.width[0 if quick else 1]
     dag_id = f"lab_{scenario.name}"
-    dags = write_fanout(run_dir / "dags", dag_id, width, seconds=scenario.task_seconds,
+    dags = write_fanout(run_dir / "dags", dag_id, width, retries=scenario.retries, seconds=scenario.task_seconds,
                         fail_first=scenario.fail_first).parent
     db_url = new_airflow_db(pg_server)
     ev.install_change_log(db_url)
@@ -222,7 +320,7 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
            **(gauges.env() if gauges else {})}
     emulator = kube if kube is not None else Emulator()
     emulator.start()
-    stack = kubelet = neighbour = None
+    stack = kubelet = neighbour = supervisor = None
     started = time.time()
     try:
         n_sched = scenario.schedulers or schedulers
@@ -256,14 +354,19 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
             neighbour.client().wait_dags([dag_id], timeout=180)
         say(f"[{scenario.name}/{executor}] stack up in {time.time() - started:.0f}s; driving the scenario")
         ctx.t0 = time.time()
+        supervisor = CrashSupervisor(stack, ctx, say).start()
         scenario.drive(ctx)
         _settle(kubelet, emulator, stack.namespace, timeout=60, say=say)  # stale pods may start late
         time.sleep(3)  # let the last events land
+        exits = supervisor.stop()
         evidence = ev.collect(db_url=db_url, kubelet_records=kubelet.records(), audit=emulator.audit(),
                               log_dir=stack.log_dir, wall_seconds=time.time() - ctx.t0, faults=ctx.faults,
                               gauges=gauges.snapshot() if gauges else None, cleared=ctx.cleared,
-                              foreign_prefix=NEIGHBOUR if neighbour is not None else None)
+                              foreign_prefix=NEIGHBOUR if neighbour is not None else None,
+                              scheduler_exits=exits)
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         if kubelet is not None:
             kubelet.stop()
         for deployment in (stack, neighbour):

@@ -30,6 +30,7 @@ class Scenario:
     timeout: float = 300.0  # seconds to wait for every task to be terminal
     task_seconds: float = 1.0  # how long each task's code runs
     fail_first: bool = False  # each task fails its first try on purpose (its own failure, not HA's)
+    retries: int = 2  # the DAG's default_args retries
     #: a second deployment on the same executor (own DB, api-server, one scheduler) in the same
     #: namespace running the same DAG: (tasks, task seconds, pod start delay)
     neighbour: tuple[int, float, float | None] | None = None
@@ -113,6 +114,56 @@ def _flaky_api(ctx: Any) -> None:
     ctx.wait_terminal()
 
 
+def _zombie_backlog(ctx: Any) -> None:
+    """A scheduler freezes (SIGSTOP) ~8 s into the run while its task queue still holds
+    pod-creation jobs (default ``worker_pods_creation_batch_size`` = 1 pod per loop, creates slowed
+    to 2 s each), past the health threshold; the peer's orphan check (every 10 s) finds its QUEUED
+    TIs without pods: stock resets them (each reset archives the never-started try and burns a
+    retry), the fenced adopter launches them under the same token. The frozen scheduler wakes at
+    ~88 s with its old task queue."""
+    ctx.fault("slow pod create (2 s each)", method="POST", path=r"/pods$", delay=2.0)
+    ctx.trigger()
+    deadline = time.time() + 60
+    backlog: dict[str, int] = {}
+    while time.time() < deadline:
+        backlog = ctx.queued_backlog()
+        if backlog and time.time() >= ctx.t0 + 8:
+            break
+        time.sleep(0.5)
+    roles = [p.name for p in ctx.stack.schedulers]
+    target = max((r for r in roles if r in backlog), key=lambda r: backlog[r], default=roles[0])
+    ctx.pause_scheduler(roles.index(target), f"SIGSTOP {target} ({backlog.get(target, 0)} queued TIs without a pod; "
+                        f"backlog {dict(sorted(backlog.items()))})")
+    ctx.clear_faults("pod create back to normal speed")
+    ctx.sleep(max(0.0, ctx.t0 + 88 - time.time()))
+    ctx.resume_scheduler(roles.index(target), f"SIGCONT {target}")
+    ctx.wait_terminal()
+
+
+def _api_faults(ctx: Any) -> None:
+    """Bursts of HTTP 500 on every verb the executor uses on pods (create, get, list, patch,
+    delete, and watch: a watch request is a list with ``watch=true``), aimed at the schedulers'
+    own API callers, plus dropped connections and closed watches. A transient API error must
+    never kill the scheduler; every task must still end terminal."""
+    pods, pod = r"/pods$", r"/pods/[^/]+$"
+    burst = [
+        dict(method="GET", path=pods, status=500, times=3),  # list and watch (same path)
+        dict(method="POST", path=pods, status=500, times=1),  # create
+        dict(method="GET", path=pod, status=500, times=2),  # get
+        dict(method="PATCH", path=pod, status=500, times=2),  # patch
+        dict(method="DELETE", path=pod, status=500, times=2),  # delete
+        dict(method="GET", path=pods, drop=True, times=1),  # a dropped list/watch connection
+    ]
+    ctx.trigger()
+    for n in range(5):
+        ctx.sleep(3 if n == 0 else 12)
+        ctx.scheduler_faults(f"500 burst {n + 1} on create/get/list/patch/delete/watch + a dropped connection",
+                             burst)
+        ctx.emulator.close_watches()
+        ctx.note("watches closed")
+    ctx.wait_terminal()
+
+
 def _clear_running(ctx: Any) -> None:
     """Tasks are cleared through the REST API while they run (a user re-running a stuck-looking
     task): each cleared TI gets a new id and try, its running pod belongs to a superseded launch,
@@ -182,6 +233,18 @@ SCENARIOS: dict[str, Scenario] = {
                  delay="lognormal:scale=15,sigma=0.3,cap=40",  # the retry comes while the TI is still queued
                  env={"AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS": '{"_request_timeout": [5, 5]}',
                       "AIRFLOW__KUBERNETES_EXECUTOR__TASK_PUBLISH_MAX_RETRIES": "-1"}),
+        Scenario("zombie_backlog", _zombie_backlog.__doc__ or "", (12, 12), _zombie_backlog, timeout=420,
+                 env={"AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "10"}),
+        Scenario("failover_noretry", "The failover with retries=0 on the DAG: a try burned by HA is a "
+                 "failed task. " + (_failover.__doc__ or ""), (8, 12), _failover, retries=0,
+                 env={**_STORM_ENV, "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15"}, capacity=2,
+                 delay="lognormal:scale=6,sigma=0.8,cap=40", timeout=420),
+        Scenario("api_faults", _api_faults.__doc__ or "", (6, 12), _api_faults, task_seconds=8, fail_first=True,
+                 timeout=360,
+                 # Airflow's default (delete finished pods, keep failed ones, patched done): deletes and
+                 # patches are then routine calls of both executors; faster orphan checks list more often.
+                 env={"AIRFLOW__KUBERNETES_EXECUTOR__DELETE_WORKER_PODS": "True",
+                      "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "10"}),
         Scenario("clear_running", _clear_running.__doc__ or "", (4, 8), _clear_running, task_seconds=40,
                  env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"}),
         Scenario("retry_storm", _retry_storm.__doc__ or "", (10, 20), _retry_storm, fail_first=True, timeout=240,
