@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -264,11 +265,12 @@ def kube_api(kube_backend):
     kube_backend.clear_faults()
 
 
-@pytest.fixture
-def world(metadata_db, airflow, kube_api, tmp_path, monkeypatch, request):
+@contextmanager
+def open_world(backend, metadata_db, airflow, tmp_path, monkeypatch, task_ids: list[str],
+               dag_kwargs: dict) -> Iterator[World]:
+    """One test's world on ``backend``: a namespace, a DAG with ``task_ids`` and one run."""
     from kubernetes import client, config
 
-    backend = kube_api
     namespace = f"t-{uuid.uuid4().hex[:8]}"
     backend.ensure_namespace(namespace)
     test_kc = backend.write_kubeconfig(str(tmp_path / "test.kubeconfig"), token="test", namespace=namespace)
@@ -287,16 +289,35 @@ def world(metadata_db, airflow, kube_api, tmp_path, monkeypatch, request):
     monkeypatch.setenv("AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL", "3600")
     monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", "1")
     monkeypatch.setenv("AIRFLOW__FENCED_KUBERNETES_EXECUTOR__SWEEP_INTERVAL", "0")
-    marker = request.node.get_closest_marker("tasks")
-    task_ids = list(marker.args) if marker else ["t1"]
     dag_id = f"race_{uuid.uuid4().hex[:8]}"
-    airflow.add_dag(dag_id, task_ids, **(marker.kwargs if marker else {}))
+    airflow.add_dag(dag_id, task_ids, **dag_kwargs)
     run_id = airflow.create_run(dag_id)
     w = World(metadata_db, airflow, backend, namespace, kube, dag_id, run_id, tmp_path, monkeypatch)
-    yield w
-    for sched in w.schedulers:
-        sched.stop()
-    airflow.retire(dag_id)  # its leftover TIs must not reach the next test's schedulers
+    try:
+        yield w
+    finally:
+        for sched in w.schedulers:
+            sched.stop()
+        airflow.retire(dag_id)  # its leftover TIs must not reach the next test's schedulers
+
+
+def tasks_of(request) -> tuple[list[str], dict]:
+    """The ``tasks`` marker of a test: (task ids, DAG keyword arguments)."""
+    marker = request.node.get_closest_marker("tasks")
+    return (list(marker.args), dict(marker.kwargs)) if marker else (["t1"], {})
+
+
+@pytest.fixture
+def world_opener():
+    """``(open_world, tasks_of)`` for modules that build their world on a chosen backend."""
+    return open_world, tasks_of
+
+
+@pytest.fixture
+def world(metadata_db, airflow, kube_api, tmp_path, monkeypatch, request):
+    task_ids, dag_kwargs = tasks_of(request)
+    with open_world(kube_api, metadata_db, airflow, tmp_path, monkeypatch, task_ids, dag_kwargs) as w:
+        yield w
 
 
 @pytest.fixture

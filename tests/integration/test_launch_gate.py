@@ -1,7 +1,12 @@
 """Launch gate end to end: real PostgreSQL with Airflow's schema, a real `airflow api-server`
 (plugin loaded from the package's entry point) and real worker processes. No mocks.
 
-One api-server serves every test in this module (start-up dominates the runtime).
+Every task instance is made and moved by airflow-core's own code (``lab.core`` through the
+integration ``open_world``): parsed DAGs, the scheduler's critical section (which pre-assigns the
+launch token), stuck-in-queued re-queues (same id and try, new token), ``clear_task_instances``,
+the execution API. The module only reads rows. One api-server serves every test in the module
+(start-up dominates the runtime); the Kubernetes side is the emulator (the gate never calls it;
+the scheduler's revoke does).
 """
 
 from __future__ import annotations
@@ -26,9 +31,6 @@ pytestmark = pytest.mark.integration
 
 SECRET = "launch-gate-integration-secret-" + "z" * 64
 AUDIENCE = "urn:airflow.apache.org:task"
-DAG_ID = "gate_dag"
-RUN_ID = "manual__gate"
-BUNDLE = "dags-folder"
 RUN_PAYLOAD = {"state": "running", "hostname": "gate-host", "unixname": "gate", "pid": 4242}
 
 
@@ -37,22 +39,20 @@ class Stack:
     base: str
     env: dict
     port: int
-    pg_port: int
-    dbname: str
-    dag_version_id: str
+    url: str
     log: Path
 
     def sql(self, query: str, params: tuple = ()) -> list:
-        import psycopg2
+        """Reads only: every write goes through airflow-core."""
+        import sqlalchemy as sa
 
-        conn = psycopg2.connect(host="127.0.0.1", port=self.pg_port, user="postgres", dbname=self.dbname)
+        assert query.lstrip().upper().startswith("SELECT"), query
+        engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
         try:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(query, params)
-                return cur.fetchall() if cur.description else []
+            with engine.connect() as conn:
+                return [tuple(r) for r in conn.exec_driver_sql(query, params).fetchall()]
         finally:
-            conn.close()
+            engine.dispose()
 
 
 def _generator():
@@ -85,47 +85,24 @@ def _airflow_env(url: str, home: Path, port: int, *, run_gate: bool = True) -> d
     return env
 
 
-def _seed(stack_sql, dag_version_id: str) -> None:
-    stack_sql(f"INSERT INTO dag_bundle(name) VALUES ('{BUNDLE}') ON CONFLICT DO NOTHING")
-    stack_sql(
-        "INSERT INTO dag(dag_id, is_paused, is_stale, bundle_name, timetable_type, partition_mapper_info,"
-        " max_active_tasks, max_consecutive_failed_dag_runs, has_task_concurrency_limits, owners)"
-        " VALUES (%s, false, false, %s, '', '{}', 16, 0, false, 'gate')",
-        (DAG_ID, BUNDLE),
-    )
-    stack_sql(
-        "INSERT INTO dag_version(id, version_number, dag_id, bundle_name, created_at, last_updated)"
-        " VALUES (%s, 1, %s, %s, now(), now())",
-        (dag_version_id, DAG_ID, BUNDLE),
-    )
-    stack_sql(
-        "INSERT INTO dag_run(dag_id, run_id, run_type, run_after, state, logical_date, start_date,"
-        " created_dag_version_id) VALUES (%s, %s, 'manual', now(), 'running', now(), now(), %s)",
-        (DAG_ID, RUN_ID, dag_version_id),
-    )
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(metadata_db, tmp_path_factory):
+    """An api-server with the run gate on the session's metadata DB."""
     import httpx
 
     from fenced_k8s_executor.lab import postgres as labpg
 
-    srv = labpg.start_from_template()
+    url = metadata_db.url.render_as_string(hide_password=False)
     proc = None
     try:
-        dbname = f"gate_{uuid.uuid4().hex[:8]}"
-        url = labpg.new_airflow_db(srv, dbname)
         home = tmp_path_factory.mktemp("airflow_home")
         port = labpg.free_port()
-        env = _airflow_env(url, home, port)
-        st = Stack(base=f"http://127.0.0.1:{port}", env=env, port=port, pg_port=srv.port, dbname=dbname,
-                   dag_version_id=str(uuid.uuid4()), log=home / "api-server.log")
-        _seed(st.sql, st.dag_version_id)
+        st = Stack(base=f"http://127.0.0.1:{port}", env=_airflow_env(url, home, port), port=port, url=url,
+                   log=home / "api-server.log")
         with open(st.log, "wb") as logf:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "airflow", "api-server", "-H", "127.0.0.1", "-p", str(port)],
-                env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                env=st.env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
             )
         deadline = time.monotonic() + 120
         while True:
@@ -138,7 +115,7 @@ def stack(tmp_path_factory):
                 pytest.fail(f"api-server did not start:\n{st.log.read_text()[-4000:]}")
             time.sleep(0.5)
         # warm the execution API up (the first authenticated call is slow)
-        warm = _insert_ti(st, str(uuid.uuid4()))
+        warm = str(uuid.uuid4())
         _run(st, warm, launch_claim.mint(_generator(), ti_id=warm, token=str(uuid.uuid4()), valid_for=60))
         yield st
     finally:
@@ -149,18 +126,36 @@ def stack(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-        srv.stop()
 
 
-def _insert_ti(stack: Stack, token: str | None, *, state: str = "queued", task_id: str | None = None) -> str:
-    ti_id = str(uuid.uuid4())
-    stack.sql(
-        "INSERT INTO task_instance(id, task_id, dag_id, run_id, map_index, try_number, max_tries, pool,"
-        " pool_slots, state, queue, priority_weight, dag_version_id, external_executor_id)"
-        " VALUES (%s, %s, %s, %s, -1, 1, 0, 'default_pool', 1, %s, 'default', 1, %s, %s)",
-        (ti_id, task_id or f"t_{ti_id[:8]}", DAG_ID, RUN_ID, state, stack.dag_version_id, token),
-    )
-    return ti_id
+@pytest.fixture
+def world(metadata_db, airflow, emulator_session, tmp_path, monkeypatch, request, world_opener):
+    """The integration world on the emulator only: the gate is an api-server matter."""
+    open_world, tasks_of = world_opener
+    emulator_session.reset()
+    task_ids, dag_kwargs = tasks_of(request)
+    with open_world(emulator_session, metadata_db, airflow, tmp_path, monkeypatch, task_ids,
+                    {"retries": 0, **dag_kwargs}) as w:
+        yield w
+    emulator_session.clear_faults()
+
+
+def _queued(world) -> tuple:
+    """Queue the run's tasks through a fenced scheduler (tokens pre-assigned); nothing is
+    triggered, so no pod exists. Returns (scheduler, rows by task id)."""
+    sched = world.scheduler("fenced")
+    assert world.queue(sched, trigger=False) >= 1
+    return sched, {t: world.row(t) for t in _task_ids(world)}
+
+
+def _requeued(world, sched) -> dict:
+    """Stuck in queued: revoke, back to SCHEDULED, queued again: same id and try, new token."""
+    world.requeue_stuck(sched, trigger=False)
+    return {t: world.row(t) for t in _task_ids(world)}
+
+
+def _task_ids(world) -> list[str]:
+    return list(world.airflow.serialized_dag(world.dag_id).task_dict)
 
 
 def _row(stack: Stack, ti_id: str) -> tuple:
@@ -189,59 +184,66 @@ def _stock(ti_id: str) -> str:
 # --- (a) the current launch: stock behaviour ------------------------------------------------
 
 
-def test_run_with_current_claim_starts_the_task(stack):
-    token = str(uuid.uuid4())
-    ti_id = _insert_ti(stack, token)
-    resp = _run(stack, ti_id, _claim(ti_id, token))
+def test_run_with_current_claim_starts_the_task(stack, world):
+    _, rows = _queued(world)
+    row = rows["t1"]
+    resp = _run(stack, row.id, _claim(row.id, row.token))
     assert resp.status_code == 200, resp.text
     assert resp.json()["max_tries"] == 0
     assert resp.headers.get("Refreshed-API-Token")  # the route's workload -> execution swap ran
-    assert _row(stack, ti_id)[:2] == ("running", "gate-host")
+    assert _row(stack, row.id)[:2] == ("running", "gate-host")
 
 
 # --- (b) a superseded launch of the same id and try: 409, not started -------------------------
 
 
-def test_run_with_stale_claim_is_rejected_and_not_started(stack):
-    old, new = str(uuid.uuid4()), str(uuid.uuid4())
-    ti_id = _insert_ti(stack, old)
-    stack.sql("UPDATE task_instance SET external_executor_id = %s WHERE id = %s", (new, ti_id))  # re-queued
+def test_run_with_stale_claim_is_rejected_and_not_started(stack, world):
+    sched, before = _queued(world)
+    old = before["t1"]
+    new = _requeued(world, sched)["t1"]
+    assert (new.id, new.try_number, new.state) == (old.id, old.try_number, "queued") and new.token != old.token
 
-    resp = _run(stack, ti_id, _claim(ti_id, old))
+    resp = _run(stack, old.id, _claim(old.id, old.token))
     assert resp.status_code == 409, resp.text
     assert resp.json() == {
         "detail": {
             "reason": "stale_executor_launch",
             "message": resp.json()["detail"]["message"],
-            "ti_id": ti_id,
-            "launch": metrics.short(old),
-            "current_launch": metrics.short(new),
+            "ti_id": old.id,
+            "launch": metrics.short(old.token),
+            "current_launch": metrics.short(new.token),
         }
     }
-    assert old not in resp.text and new not in resp.text
-    assert _row(stack, ti_id) == ("queued", None, new)
+    assert old.token not in resp.text and new.token not in resp.text
+    assert _row(stack, old.id) == ("queued", "", new.token)  # never started (the queued row's hostname)
 
     # the current launch still starts
-    resp = _run(stack, ti_id, _claim(ti_id, new))
+    resp = _run(stack, new.id, _claim(new.id, new.token))
     assert resp.status_code == 200, resp.text
-    assert _row(stack, ti_id)[0] == "running"
+    assert _row(stack, new.id)[0] == "running"
 
 
-def test_stale_claim_on_a_running_ti_is_rejected(stack):
+def test_stale_claim_on_a_running_ti_is_rejected(stack, world):
     """The stale pod comes late, after the current launch started: still refused."""
-    old, new = str(uuid.uuid4()), str(uuid.uuid4())
-    ti_id = _insert_ti(stack, new)
-    assert _run(stack, ti_id, _claim(ti_id, new)).status_code == 200
-    resp = _run(stack, ti_id, _claim(ti_id, old))  # same hostname/pid: stock would say "duplicate, 200"
+    sched, before = _queued(world)
+    old = before["t1"]
+    new = _requeued(world, sched)["t1"]
+    assert _run(stack, new.id, _claim(new.id, new.token)).status_code == 200
+    resp = _run(stack, old.id, _claim(old.id, old.token))  # same hostname/pid: stock would say "duplicate, 200"
     assert resp.status_code == 409 and resp.json()["detail"]["reason"] == "stale_executor_launch"
 
 
 # --- (c) unknown ids: stock 404 ----------------------------------------------------------------
 
 
-def test_run_for_unknown_ti_is_stock_404(stack):
-    ti_id = str(uuid.uuid4())
-    resp = _run(stack, ti_id, _claim(ti_id, str(uuid.uuid4())))
+@pytest.mark.tasks("t1")
+def test_run_for_a_cleared_ti_id_is_stock_404(stack, world):
+    """A clear gives the row a new id: the old launch's id is gone, the route's own 404."""
+    _, rows = _queued(world)
+    old = rows["t1"]
+    cleared = world.airflow.clear(old)
+    assert cleared.id != old.id
+    resp = _run(stack, old.id, _claim(old.id, old.token))
     assert resp.status_code == 404
     assert resp.json()["detail"]["reason"] == "not_found"
 
@@ -249,45 +251,53 @@ def test_run_for_unknown_ti_is_stock_404(stack):
 # --- (d) untouched: no claim, legacy rows, invalid tokens -------------------------------------
 
 
-def test_run_without_claim_is_untouched(stack):
-    ti_id = _insert_ti(stack, str(uuid.uuid4()))  # row token the request cannot name
-    resp = _run(stack, ti_id, _stock(ti_id))
+def test_run_without_claim_is_untouched(stack, world):
+    _, rows = _queued(world)
+    row = rows["t1"]
+    resp = _run(stack, row.id, _stock(row.id))
     assert resp.status_code == 200, resp.text
-    assert _row(stack, ti_id)[0] == "running"
+    assert _row(stack, row.id)[0] == "running"
 
 
-def test_legacy_row_is_not_fenced(stack):
-    ti_id = _insert_ti(stack, "17")  # the stock executor writes its job id there
-    resp = _run(stack, ti_id, _claim(ti_id, str(uuid.uuid4())))
+def test_legacy_row_is_not_fenced(stack, world):
+    """Queued by the stock executor: the scheduler writes the executor's QUEUED info (its job id)
+    into external_executor_id. A claim cannot be compared with that: the gate lets it through."""
+    sched = world.scheduler("stock")
+    world.queue(sched)  # the stock execute_async reports (QUEUED, job id)
+    sched.process_events()
+    row = world.row("t1")
+    assert row.token == str(sched.job_id)
+    resp = _run(stack, row.id, _claim(row.id, str(uuid.uuid4())))
     assert resp.status_code == 200, resp.text
 
 
-def test_invalid_jwt_with_claim_gets_the_routes_own_answer(stack):
+@pytest.mark.tasks("t1", "t2")
+def test_invalid_jwt_with_claim_gets_the_routes_own_answer(stack, world):
     from airflow.api_fastapi.auth.tokens import JWTGenerator
 
-    old, new = str(uuid.uuid4()), str(uuid.uuid4())
-    ti_id = _insert_ti(stack, new)
+    _, rows = _queued(world)
+    row, other = rows["t1"], rows["t2"]
+    stale = str(uuid.uuid4())
     forged_gen = JWTGenerator(secret_key="not-the-secret-" + "q" * 64, audience=AUDIENCE, valid_for=60,
                               issuer=None, algorithm="HS512", kid="not-used")
-    forged = launch_claim.mint(forged_gen, ti_id=ti_id, token=old, valid_for=60)
-    resp = _run(stack, ti_id, forged)
+    forged = launch_claim.mint(forged_gen, ti_id=row.id, token=stale, valid_for=60)
+    resp = _run(stack, row.id, forged)
     assert resp.status_code == 403 and resp.json()["detail"] == "Invalid auth token"
-    assert _run(stack, ti_id, None).status_code in (401, 403)  # the route's own answer, unchanged
+    assert _run(stack, row.id, None).status_code in (401, 403)  # the route's own answer, unchanged
     # a claim for another TI id: the route's ti:self check answers, not the gate
-    other = _insert_ti(stack, str(uuid.uuid4()))
-    resp = _run(stack, ti_id, _claim(other, old))
+    resp = _run(stack, row.id, _claim(other.id, stale))
     assert resp.status_code == 403 and "does not match" in resp.text
-    assert _row(stack, ti_id)[0] == "queued"
+    assert _row(stack, row.id)[0] == "queued"
 
 
-def test_other_methods_and_paths_are_untouched(stack):
+def test_other_methods_and_paths_are_untouched(stack, world):
     import httpx
 
-    old, new = str(uuid.uuid4()), str(uuid.uuid4())
-    ti_id = _insert_ti(stack, new)
-    headers = {"Authorization": f"Bearer {_claim(ti_id, old)}"}
+    _, rows = _queued(world)
+    row = rows["t1"]
+    headers = {"Authorization": f"Bearer {_claim(row.id, str(uuid.uuid4()))}"}
     # GET on /run: the route table answers 405, the gate does not look at it
-    resp = httpx.get(f"{stack.base}/execution/task-instances/{ti_id}/run", headers=headers, timeout=30)
+    resp = httpx.get(f"{stack.base}/execution/task-instances/{row.id}/run", headers=headers, timeout=30)
     assert resp.status_code == 405
     resp = httpx.get(f"{stack.base}/execution/health", timeout=30)
     assert resp.status_code == 200
@@ -296,15 +306,20 @@ def test_other_methods_and_paths_are_untouched(stack):
 # --- (e) worker processes: the wrapper exits 0 on a stale launch, the stock entrypoint fails ---
 
 
-def _workload(stack: Stack, ti_id: str, jwt_token: str):
-    from airflow.executors.workloads import ExecuteTask
-    from airflow.executors.workloads.base import BundleInfo
-    from airflow.executors.workloads.task import TaskInstanceDTO
+def _workload(row, jwt_token: str):
+    """The workload the scheduler would send for ``row`` (airflow-core's own constructor), with
+    ``jwt_token`` as its token."""
+    from sqlalchemy import select
 
-    ti = TaskInstanceDTO(id=ti_id, task_id=f"t_{ti_id[:8]}", dag_id=DAG_ID, run_id=RUN_ID, try_number=1,
-                         dag_version_id=stack.dag_version_id, pool_slots=1, priority_weight=1, queue="default")
-    return ExecuteTask(token=jwt_token, ti=ti, dag_rel_path="gate_dag.py",
-                       bundle_info=BundleInfo(name=BUNDLE, version=None), log_path=None)
+    from airflow.executors.workloads import ExecuteTask
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ti = session.scalar(select(TI).where(TI.id == uuid.UUID(row.id)))
+        workload = ExecuteTask.make(ti, generator=_generator())
+    workload.token = jwt_token
+    return workload
 
 
 def _spawn(stack: Stack, args: list[str]) -> subprocess.Popen:
@@ -319,21 +334,25 @@ def _stock_args(workload) -> list[str]:
     return workload_to_command_args(workload)
 
 
-def test_worker_wrapper_exits_0_on_stale_launch_stock_fails(stack, capsys):
-    # 409: same id and try, re-queued with a new token
-    old, new = str(uuid.uuid4()), str(uuid.uuid4())
-    stale_ti = _insert_ti(stack, old)
-    stack.sql("UPDATE task_instance SET external_executor_id = %s WHERE id = %s", (new, stale_ti))
-    stale = _workload(stack, stale_ti, _claim(stale_ti, old))
-    # 404: the TI id this launch targets no longer exists (cleared -> new id)
-    gone_ti, gone_token = str(uuid.uuid4()), str(uuid.uuid4())
-    gone = _workload(stack, gone_ti, _claim(gone_ti, gone_token))
+@pytest.mark.tasks("t1", "t2", "t3")
+def test_worker_wrapper_exits_0_on_stale_launch_stock_fails(stack, world, capsys):
+    sched, before = _queued(world)
+    # 404: the TI id this launch targets no longer exists (a clear gave the task a new id)
+    gone_row = before["t2"]
+    gone = _workload(gone_row, _claim(gone_row.id, gone_row.token))
+    world.airflow.clear(gone_row)
     # not stale: a 409 invalid_state (TI already finished) keeps the stock exit code
-    done_token = str(uuid.uuid4())
-    done_ti = _insert_ti(stack, done_token, state="success")
-    done = _workload(stack, done_ti, _claim(done_ti, done_token))
+    done_row = before["t3"]
+    world.airflow.start(done_row)
+    world.airflow.finish(done_row, "success")
+    done = _workload(done_row, _claim(done_row.id, done_row.token))
+    # 409: same id and try, re-queued with a new token
+    old = before["t1"]
+    stale = _workload(old, _claim(old.id, old.token))
+    new = _requeued(world, sched)["t1"]
+    assert new.id == old.id and new.token != old.token
 
-    assert worker.command_args(stale)[:4] == ["python", "-m", "fenced_k8s_executor.worker", "--json-string"]
+    assert worker.command_args(stale)[:4] == ["python", "-c", worker.BOOTSTRAP, "--json-string"]
     assert worker.command_args(stale)[4] == _stock_args(stale)[4]
     procs = {
         "wrapper_409": _spawn(stack, worker.command_args(stale)),
@@ -356,17 +375,17 @@ def test_worker_wrapper_exits_0_on_stale_launch_stock_fails(stack, capsys):
     code, text = out["wrapper_409"]
     assert code == 0, text
     [line] = stale_lines(text)
-    assert stale_ti in line and metrics.short(old) in line and metrics.short(new) in line
+    assert old.id in line and metrics.short(old.token) in line and metrics.short(new.token) in line
     assert "stale_executor_launch" in line
-    assert old not in text and new not in text
-    assert _row(stack, stale_ti) == ("queued", None, new)  # never started
+    assert old.token not in text and new.token not in text
+    assert _row(stack, old.id) == ("queued", "", new.token)  # never started
     with capsys.disabled():
         print("\nwrapper stale line:", line)
 
     code, text = out["wrapper_404"]
     assert code == 0, text
     [line] = stale_lines(text)
-    assert gone_ti in line and metrics.short(gone_token) in line and "ti_not_found" in line
+    assert gone_row.id in line and metrics.short(gone_row.token) in line and "ti_not_found" in line
 
     for name in ("stock_409", "stock_404"):
         code, text = out[name]
@@ -378,7 +397,7 @@ def test_worker_wrapper_exits_0_on_stale_launch_stock_fails(stack, capsys):
     code, text = out["wrapper_done"]
     assert code == 1, text  # stock exit code for an ordinary 409 invalid_state
     assert not stale_lines(text) and "invalid_state" in text
-    assert _row(stack, done_ti)[0] == "success"
+    assert _row(stack, done_row.id)[0] == "success"
 
 
 # --- (f) run_gate off: the middleware is not installed ------------------------------------------
@@ -394,8 +413,7 @@ print("MIDDLEWARE=" + ",".join(m.cls.__name__ for m in app.user_middleware))
 def test_middleware_installed_only_when_run_gate_is_true(stack, tmp_path):
     procs = {}
     for flag in (True, False):
-        env = _airflow_env(stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], tmp_path / str(flag), stack.port,
-                           run_gate=flag)
+        env = _airflow_env(stack.url, tmp_path / str(flag), stack.port, run_gate=flag)
         procs[flag] = subprocess.Popen([sys.executable, "-c", _LIST_MIDDLEWARE], env=env, text=True,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     found = {}
@@ -412,16 +430,16 @@ def test_middleware_installed_only_when_run_gate_is_true(stack, tmp_path):
 # --- latency of the gate on /run (reported, never asserted) --------------------------------------
 
 
-def test_report_run_gate_latency(stack, capsys):
+@pytest.mark.tasks("t1", "t2")
+def test_report_run_gate_latency(stack, world, capsys):
     """Repeated /run of a RUNNING TI by the same client is the route's idempotent 200
     ("duplicate start"), so the same request can be timed many times with and without a claim."""
     import httpx
 
     n = 60
-    with_claim, without = str(uuid.uuid4()), str(uuid.uuid4())
-    ti_claim = _insert_ti(stack, with_claim)
-    ti_plain = _insert_ti(stack, without)
-    jwt_claim, jwt_plain = _claim(ti_claim, with_claim), _stock(ti_plain)
+    _, rows = _queued(world)
+    ti_claim, ti_plain = rows["t1"], rows["t2"]
+    jwt_claim, jwt_plain = _claim(ti_claim.id, ti_claim.token), _stock(ti_plain.id)
     body = {**RUN_PAYLOAD, "start_date": datetime.now(tz=timezone.utc).isoformat()}
     samples = {"claim": [], "no_claim": []}
     with httpx.Client(timeout=60) as client:
@@ -432,10 +450,10 @@ def test_report_run_gate_latency(stack, capsys):
             assert r.status_code == 200, r.text
             return time.perf_counter() - t0
 
-        once(ti_claim, jwt_claim), once(ti_plain, jwt_plain)
+        once(ti_claim.id, jwt_claim), once(ti_plain.id, jwt_plain)
         for _ in range(n):
-            samples["claim"].append(once(ti_claim, jwt_claim))
-            samples["no_claim"].append(once(ti_plain, jwt_plain))
+            samples["claim"].append(once(ti_claim.id, jwt_claim))
+            samples["no_claim"].append(once(ti_plain.id, jwt_plain))
     med = {k: statistics.median(v) * 1000 for k, v in samples.items()}
     p90 = {k: sorted(v)[int(len(v) * 0.9)] * 1000 for k, v in samples.items()}
     report = {
