@@ -120,6 +120,9 @@ def measure(ev: Evidence) -> dict[str, Any]:
         if launch is not None and pod.get("started") is not None:
             pods_by_launch[pod["_launch"]].append(pod)
         pod["_stale"] = _superseded_when_started(pod, launch)
+        # Its launch was still current when the pod finished: its terminal event must be applied.
+        pod["_current_at_finish"] = launch is not None and (
+            launch.superseded_at is None or pod.get("finished") is None or pod["finished"] < launch.superseded_at)
         if pod["_stale"]:
             superseded_started.append(pod)
 
@@ -255,21 +258,29 @@ def events_applied(events: list[dict] | None, pods: list[dict]) -> dict[str, int
     """Whether each pod's terminal state reached the scheduler exactly once.
 
     Expected: one terminal executor event (success/failed) per TI try (task_id, try_number)
-    whose pod for the current launch (not started after its launch was superseded: ``_stale``,
-    set by ``measure``) reached a terminal phase. Received: the schedulers' ``Received executor
-    event with state success|failed`` lines for that try. A try expected once and received 0
-    times lost its event; one received twice or more (a watcher replaying after a gap, a stale
-    pod's event landing on the live try) had it applied more than once, as did a try that had no
-    finished current pod but received one. None when the logs were not read."""
+    whose pod for that launch started while the launch was current (not ``_stale``) and finished
+    while it still was (``_current_at_finish``; both set by ``measure``). A pod whose launch was
+    superseded while it ran (the task reported its own failure and the retry minted a new row, a
+    user cleared it, an orphan reset) may have its event dropped, never applied twice. Received:
+    the schedulers' ``Received executor event with state success|failed`` lines for that try.
+    ``events_lost``: expected tries received 0 times; ``events_applied_extra``: tries received more
+    often than their pods allow (twice, or for a try whose only finished pods were stale: a stale
+    pod's state landing on the live try). None when the logs were not read."""
     keys = ("events_not_applied_once", "events_lost", "events_applied_extra")
     if events is None:
         return dict.fromkeys(keys)
     received = Counter((str(e["task_id"]), str(e["try_number"])) for e in events
                        if e.get("state") in ("success", "failed"))
-    expected = {(str(p.get("task_id")), str(p.get("try_number"))) for p in pods
-                if p.get("exit_code") is not None and not p.get("_stale") and p.get("task_id") is not None}
+    expected, allowed = set(), set()
+    for p in pods:
+        if p.get("exit_code") is None or p.get("_stale") or p.get("task_id") is None:
+            continue
+        key = (str(p.get("task_id")), str(p.get("try_number")))
+        allowed.add(key)
+        if p.get("_current_at_finish", True):
+            expected.add(key)
     lost = sum(1 for k in expected if received[k] == 0)
-    extra = sum(1 for k, n in received.items() if n > (1 if k in expected else 0))
+    extra = sum(1 for k, n in received.items() if n > (1 if k in allowed else 0))
     return {"events_not_applied_once": lost + extra, "events_lost": lost, "events_applied_extra": extra}
 
 

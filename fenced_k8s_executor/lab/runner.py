@@ -226,7 +226,7 @@ class CrashSupervisor:
                 requested = role in self.ctx.killed
                 self.exits.append({"ts": time.time(), "role": role, "returncode": proc.proc.returncode,
                                    "requested": requested, "log": proc.log_path.name,
-                                   "last_error": _last_error(proc.tail(60))})
+                                   "last_error": _last_error(proc.tail(150))})
                 if requested:
                     self._due[role] = float("inf")
                     continue
@@ -247,11 +247,15 @@ class CrashSupervisor:
 
 
 def _last_error(tail: str) -> str:
+    """The last error line of a dead process' log, with the last airflow frames it went through."""
+    import re
+
     lines = [line for line in tail.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if "Error" in line or "Exception" in line:
-            return line.strip()[:300]
-    return lines[-1].strip()[:300] if lines else ""
+    frames = re.findall(r'File "[^"]*/(airflow/[^"]+)", line (\d+), in (\w+)', tail)
+    where = " <- ".join(f"{func} ({path.rsplit('/', 1)[-1]}:{line})" for path, line, func in reversed(frames[-3:]))
+    error = next((line.strip() for line in reversed(lines) if "Error" in line or "Exception" in line),
+                 lines[-1].strip() if lines else "")
+    return (error[:200] + (f" at {where}" if where else ""))[:400]
 
 
 def _settle(kubelet: Any, emulator: Any, namespace: str, *, timeout: float, say: Callable[[str], None]) -> None:

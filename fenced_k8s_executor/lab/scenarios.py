@@ -120,7 +120,7 @@ def _zombie_backlog(ctx: Any) -> None:
     to 2 s each), past the health threshold; the peer's orphan check (every 10 s) finds its QUEUED
     TIs without pods: stock resets them (each reset archives the never-started try and burns a
     retry), the fenced adopter launches them under the same token. The frozen scheduler wakes at
-    ~88 s with its old task queue."""
+    ~88 s with its old task queue; the run goes on for 45 s after that."""
     ctx.fault("slow pod create (2 s each)", method="POST", path=r"/pods$", delay=2.0)
     ctx.trigger()
     deadline = time.time() + 60
@@ -137,7 +137,12 @@ def _zombie_backlog(ctx: Any) -> None:
     ctx.clear_faults("pod create back to normal speed")
     ctx.sleep(max(0.0, ctx.t0 + 88 - time.time()))
     ctx.resume_scheduler(roles.index(target), f"SIGCONT {target}")
+    woke = time.time()
     ctx.wait_terminal()
+    # The woken scheduler takes one old job per loop off its task queue (creates them on stock, drops
+    # them on fenced): give it time to work through them before the evidence is read.
+    ctx.sleep(max(0.0, woke + 45 - time.time()))
+    ctx.note("45 s after SIGCONT")
 
 
 def _api_faults(ctx: Any) -> None:

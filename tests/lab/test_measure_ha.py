@@ -171,3 +171,12 @@ def test_crash_supervisor_restarts_a_crashed_scheduler_and_leaves_a_killed_one_d
     sup.check()
     assert procs[1].starts == 2
     assert scheduler_crashes(sup.exits) == 2
+
+
+def test_a_pod_whose_launch_ended_while_it_ran_may_lose_its_event_but_not_repeat_it():
+    """The task reported its own failure and the retry minted a new row before the pod exited: the
+    fenced executor swallows that pod's event (superseded), stock applies it; neither is wrong."""
+    done_early = dict(pod("t00", 1), _current_at_finish=False)
+    assert events_applied([], [done_early])["events_not_applied_once"] == 0
+    assert events_applied([event("t00", 1)], [done_early])["events_not_applied_once"] == 0
+    assert events_applied([event("t00", 1)] * 2, [done_early])["events_applied_extra"] == 1
