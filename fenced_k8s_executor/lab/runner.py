@@ -48,7 +48,6 @@ class RunContext:
     neighbour: Any = None  # the other deployment in a shared namespace (its AirflowStack), if any
     neighbour_run_id: str | None = None
     killed: set = field(default_factory=set)  # scheduler roles the scenario killed on purpose
-    kubelet: Any = None  # the process kubelet (set once it runs)
 
 
     def note(self, what: str) -> None:
@@ -142,22 +141,6 @@ class RunContext:
             for spec in specs:
                 self.emulator.add_fault(**spec, who=proc.name)
         self.note(what)
-
-    def kill_pod_process(self, what: str) -> bool:
-        """SIGKILL the process of one running pod (the first by name), as a node losing the
-        container would: the kubelet reports it Failed (137). False when no pod runs."""
-        import os
-
-        running = sorted(self.kubelet.running_pids().items()) if self.kubelet is not None else []
-        if not running:
-            return False
-        name, pid = running[0]
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return False
-        self.note(f"{what}: {name}")
-        return True
 
     def queued_backlog(self) -> dict[str, int]:
         """{scheduler role: its QUEUED TIs that have no pod yet} (the jobs still in its task queue),
@@ -368,7 +351,6 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
                                  max_running=scenario.capacity, base_env=stack.worker_env(),
                                  workdir=run_dir / "kubelet")
         kubelet.start()
-        ctx.kubelet = kubelet
         stack.wait_schedulers_heartbeat()
         stack.client().wait_dags([dag_id], timeout=180)
         if neighbour is not None:
