@@ -121,9 +121,9 @@ class Airflow:
         from sqlalchemy import func, select
 
         from airflow.api.common.mark_tasks import set_dag_run_state_to_failed
-        from airflow.ti_deps.dependencies_states import EXECUTION_STATES
-        from airflow.models.taskinstance import TaskInstance
         from airflow.models.dagrun import DagRun
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.ti_deps.dependencies_states import EXECUTION_STATES
         from airflow.utils.session import create_session
         from airflow.utils.state import DagRunState
 
