@@ -135,10 +135,6 @@ def decisions(scheduler_logs: list[Path]) -> list[dict]:
     return found
 
 
-def _log_name(path: Path) -> str:
-    return path.name
-
-
 def executor_events(scheduler_logs: list[Path], states: tuple[str, ...] = ("success", "failed")) -> list[dict]:
     """Executor events the schedulers took from their event buffers (``Received executor event``),
     terminal states only by default."""
@@ -147,7 +143,7 @@ def executor_events(scheduler_logs: list[Path], states: tuple[str, ...] = ("succ
         for line in path.read_text(errors="replace").splitlines():
             match = EXECUTOR_EVENT.search(line)
             if match and match.group(1) in states:
-                found.append({"log": _log_name(path), "state": match.group(1), "dag_id": match.group(2),
+                found.append({"log": path.name, "state": match.group(1), "dag_id": match.group(2),
                               "task_id": match.group(3), "run_id": match.group(4), "try_number": int(match.group(5))})
     return found
 
@@ -158,9 +154,9 @@ def watcher_lines(scheduler_logs: list[Path]) -> list[dict]:
     for path in scheduler_logs:
         for line in path.read_text(errors="replace").splitlines():
             if WATCHER_CRASH in line:
-                found.append({"log": _log_name(path), "kind": "crash", "line": line[:200]})
+                found.append({"log": path.name, "kind": "crash", "line": line[:200]})
             elif WATCHER_RESTART in line:
-                found.append({"log": _log_name(path), "kind": "restart", "line": line[:200]})
+                found.append({"log": path.name, "kind": "restart", "line": line[:200]})
     return found
 
 

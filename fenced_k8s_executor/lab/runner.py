@@ -49,7 +49,6 @@ class RunContext:
     neighbour_run_id: str | None = None
     killed: set = field(default_factory=set)  # scheduler roles the scenario killed on purpose
 
-
     def note(self, what: str) -> None:
         self.faults.append({"ts": time.time(), "what": what})
         self.say(f"  fault @{time.time() - self.t0:5.1f}s: {what}")
