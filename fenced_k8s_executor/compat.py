@@ -30,6 +30,10 @@ REQUIRED_EXECUTOR_HOOKS = (
     "_make_safe_label_value",
 )
 
+#: AirflowKubernetesScheduler methods we wrap on the executor's instance (both creation paths
+#: build every pod through ``_build_pod_request``; the watcher factory is replaced).
+REQUIRED_SCHEDULER_HOOKS = ("_build_pod_request", "run_next", "run_next_batch", "_make_kube_watcher")
+
 
 class IncompatibleProviderError(ImportError):
     pass
@@ -42,9 +46,11 @@ def _installed(dist: str) -> str:
         return "not installed"
 
 
-def check(executor_cls: type, base_executor_cls: type) -> None:
+def check(executor_cls: type, base_executor_cls: type, scheduler_cls: type) -> None:
     """Raise IncompatibleProviderError if a hook we rely on is missing."""
     missing = [name for name in REQUIRED_EXECUTOR_HOOKS if not callable(getattr(executor_cls, name, None))]
+    missing += [f"AirflowKubernetesScheduler.{name}" for name in REQUIRED_SCHEDULER_HOOKS
+                if not callable(getattr(scheduler_cls, name, None))]
     if not hasattr(base_executor_cls, "pre_assigns_external_executor_id"):
         missing.append("BaseExecutor.pre_assigns_external_executor_id")
     if missing:

@@ -8,18 +8,15 @@ otherwise hands over to ``super()``.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from kubernetes.client import Configuration
-from kubernetes.client import models as k8s
-
 from airflow.executors.base_executor import BaseExecutor
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import AirflowKubernetesScheduler
 
-from fenced_k8s_executor import compat, config, guards, metrics, pods, verdicts
+from fenced_k8s_executor import compat, config, guards, metrics, pods, stamp, verdicts
 from fenced_k8s_executor.fences.common import FAILED, QUEUED, workload_of
 from fenced_k8s_executor.fences.creation import CreationFence
 from fenced_k8s_executor.fences.events import EventFence
@@ -37,21 +34,6 @@ if TYPE_CHECKING:
     from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesJob
 
 log = logging.getLogger("fenced_k8s_executor")
-
-
-class _SharedModelConfiguration(Configuration):
-    """One read-only client configuration for the fence's pod override models.
-
-    Every kubernetes model carries its own Configuration, and the provider deep-copies the pod
-    override several times per pod; copying a Configuration is the expensive part (it resets
-    logger levels). Sharing one instance keeps the override nearly free to merge.
-    """
-
-    def __deepcopy__(self, memo: dict) -> _SharedModelConfiguration:
-        return self
-
-
-_MODEL_CONFIG = _SharedModelConfiguration()
 
 
 class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdentity, CreationFence, EventFence,
@@ -87,6 +69,8 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
 
         self._claim_lifetime = conf.getfloat("scheduler", "task_queued_timeout")
         super().start()
+        if self.fence.mode is not config.Mode.OFF:
+            self._stamp_built_pods()
         if self.fence.fencing and self.fence.sweep_interval > 0:
             self.sweeper = Sweeper(
                 kube_client=self.kube_client,
@@ -154,37 +138,55 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         return self._launch_of_workload(workload) if workload is not None else None
 
     def _pod_location(self, job: KubernetesJob) -> tuple[str | None, str]:
+        """Where the pod of ``job`` is (or will be) created: its deterministic name (None for a
+        legacy launch, which gets the provider's random name) and namespace."""
+        launch = self._launch_of_job(job)
+        name = self._planned_name(job, launch) if launch is not None else None
         meta = getattr(job.kube_executor_config, "metadata", None)
-        name = getattr(meta, "name", None)
         namespace = getattr(meta, "namespace", None) or self.kube_config.kube_namespace
         return name, namespace
 
-    def _with_identity(self, user_pod: k8s.V1Pod | None, workload: Any, launch: LaunchIdentity) -> k8s.V1Pod:
-        """The pod override: the user's ``pod_override`` plus the launch identity (labels,
-        annotations) and, with a token, the deterministic pod name; the identity wins, as with
-        ``PodGenerator.reconcile_pods(user_pod, identity)``, but without its deep copies: the
-        user's objects are copied shallowly, never changed. Audit names pods like enforce so
-        that it resolves events from memory exactly as enforce does."""
-        name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token) if launch.token else None
-        if user_pod is None:
-            meta = k8s.V1ObjectMeta(name=name, annotations=launch.annotations(), labels=launch.labels(),
-                                    local_vars_configuration=_MODEL_CONFIG)
-            return k8s.V1Pod(metadata=meta, local_vars_configuration=_MODEL_CONFIG)
-        pod = copy.copy(user_pod)
-        meta = copy.copy(user_pod.metadata) if user_pod.metadata is not None else k8s.V1ObjectMeta(
-            local_vars_configuration=_MODEL_CONFIG)
-        meta.labels = {**(meta.labels or {}), **launch.labels()}
-        meta.annotations = {**(meta.annotations or {}), **launch.annotations()}
-        if name:
-            meta.name = name
-        pod.metadata = meta
+    def _planned_name(self, job: KubernetesJob, launch: LaunchIdentity) -> str | None:
+        """``<dag>-<task>-<token[:16]>-<attempt>``: the attempt is the provider's count of
+        pre-execution requeues of this launch, so a retried create of the same attempt gets the
+        same name (a3) and a requeued one a fresh name."""
+        if not launch.token:
+            return None
+        attempt = self.pod_launch_attempts.get(job.key)
+        same = attempt is not None and (self._launch_of_job(attempt.job) or launch).token == launch.token
+        return pod_name(launch.dag_id, launch.task_id, launch.token, attempt.attempts if same else 0)
+
+    def _stamp_built_pods(self) -> None:
+        """Wrap the provider's pod build (both creation paths call it, after the pre-creation
+        check) so that every pod it builds for a launch leaves with the launch identity."""
+        build = self.kube_scheduler._build_pod_request
+
+        def build_stamped(job: KubernetesJob) -> Any:
+            return self._stamped(build(job), job)
+
+        self.kube_scheduler._build_pod_request = build_stamped
+
+    def _stamped(self, pod: Any, job: KubernetesJob) -> Any:
+        """The built pod with its launch identity (``stamp``), and with the worker entrypoint as
+        its program when enforcing. Audit names pods like enforce, so that it resolves events
+        from memory exactly as enforce does."""
+        workload = workload_of(job.command)
+        if workload is None:
+            return pod
+        launch = self._launch_of_workload(workload)
+        program = None
+        if self._enforcing and launch.token and self.fence.worker_entrypoint:
+            from fenced_k8s_executor import worker
+
+            program = worker.command_args(workload)
+        stamp.stamp(pod, launch, self._planned_name(job, launch), program)
         return pod
 
     def execute_async(self, key: Any, command: Any, queue: str | None = None, executor_config: Any = None) -> None:
-        """Stock queueing plus the launch's bookkeeping. The identity is attached when the
-        creation batch takes the job off the task queue (``_with_launch``), not here: the
-        provider's task queue is a Manager queue, and a pod override pickled through it per
-        workload made queueing several times slower than stock."""
+        """Stock queueing plus the launch's bookkeeping. The job goes on the task queue as stock
+        builds it: the identity is stamped on the pod once the provider has built it
+        (``_stamped``); a pod override pickled through the provider's Manager queue per workload
+        made queueing several times slower than stock."""
         workload = workload_of(command)
         if self.fence is None or self.fence.mode is config.Mode.OFF or workload is None:
             return super().execute_async(key, command, queue, executor_config)
@@ -199,46 +201,19 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
             if self.event_buffer.get(key) == (QUEUED, self.scheduler_job_id):
                 self.event_buffer.pop(key, None)
 
-    def _with_launch(self, job: KubernetesJob) -> KubernetesJob:
-        """The creation job with its launch identity in the pod override (idempotent: a job
-        re-queued after a failed create already carries it and gets the same values)."""
-        workload = workload_of(job.command)
-        if not self._fencing or workload is None:
-            return job
-        launch = self._launch_of_workload(workload)
-        return job._replace(kube_executor_config=self._with_identity(job.kube_executor_config, workload, launch))
-
     def _arm(self, job: KubernetesJob, launch: LaunchIdentity) -> None:
         """Right before a pod is created for a current launch (never for a dropped one): mint the
-        launch claim into the workload JWT (so its lifetime starts at creation, whatever time the
-        job spent in quota or publish-retry loops) and point the container at the worker
-        entrypoint."""
-        if not (self._enforcing and launch.token):
+        launch claim into the workload JWT, so its lifetime starts at creation, whatever time the
+        job spent in quota or publish-retry loops. The pod build that follows serialises it."""
+        if not (self._enforcing and launch.token and self.fence.launch_claim):
             return
         workload = workload_of(job.command)
         if workload is None:
             return
-        if self.fence.launch_claim:
-            from fenced_k8s_executor import launch_claim
+        from fenced_k8s_executor import launch_claim
 
-            workload.token = launch_claim.mint(self.jwt_generator, ti_id=launch.ti_id, token=launch.token,
-                                               valid_for=self._claim_lifetime)
-        if self.fence.worker_entrypoint and job.kube_executor_config is not None:
-            from fenced_k8s_executor import worker
-
-            override = job.kube_executor_config
-            args = worker.command_args(workload)
-            spec = copy.copy(override.spec) if override.spec is not None else k8s.V1PodSpec(
-                containers=[], local_vars_configuration=_MODEL_CONFIG)
-            containers = list(spec.containers or [])
-            if containers:
-                first = copy.copy(containers[0])
-                first.args = args
-                containers[0] = first
-            else:
-                containers = [k8s.V1Container(name="base", args=args, local_vars_configuration=_MODEL_CONFIG)]
-            spec.containers = containers
-            override.spec = spec
+        workload.token = launch_claim.mint(self.jwt_generator, ti_id=launch.ti_id, token=launch.token,
+                                           valid_for=self._claim_lifetime)
 
     def _prime_launches(self) -> None:
         """Learn the identity of every pod this scheduler watches with metadata-only list pages,
@@ -326,4 +301,4 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
             self.kube_scheduler.patch_pod_executor_done(pod_name=name, namespace=namespace)
 
 
-compat.check(FencedKubernetesExecutor, BaseExecutor)
+compat.check(FencedKubernetesExecutor, BaseExecutor, AirflowKubernetesScheduler)

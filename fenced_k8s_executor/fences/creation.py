@@ -55,7 +55,7 @@ class CreationFence:
         real = self.task_queue
         size = self.kube_config.worker_pods_creation_batch_size
         jobs = [self._carry.popleft() for _ in range(min(size, len(self._carry)))]
-        jobs += map(self._with_launch, batches.drain(real, size - len(jobs)))
+        jobs += batches.drain(real, size - len(jobs))
         pending = self.book.pending()
         if not jobs and not pending:
             yield
@@ -110,7 +110,7 @@ class CreationFence:
         that the loop's single query can cover it too."""
         size = self.kube_config.worker_pods_creation_batch_size
         if self.task_queue is not None and len(self._carry) < size:
-            self._carry.extend(map(self._with_launch, batches.drain(self.task_queue, size - len(self._carry))))
+            self._carry.extend(batches.drain(self.task_queue, size - len(self._carry)))
         return list(self._carry)[:size]
 
     def _loop_rows_for(self, tasks: set) -> dict:

@@ -6,12 +6,11 @@ event buffer or the pre-execution requeue; the DB is read once per sync for all 
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import TYPE_CHECKING, Any
 
 from fenced_k8s_executor import batches, guards, ledger, metrics, verdicts
-from fenced_k8s_executor.fences.common import ADOPTED, FAILED, RUNNING, workload_of
+from fenced_k8s_executor.fences.common import ADOPTED, FAILED, RUNNING
 from fenced_k8s_executor.launch import pod_name
 from fenced_k8s_executor.metrics import short
 
@@ -104,7 +103,7 @@ class EventFence:
         elif results.state == ADOPTED and launch is not None and not self.book.holds(results.key, launch):
             return  # an old pod of this key left for another scheduler; a newer launch holds the slot
         if self._enforcing and results.state == FAILED:
-            self._rename_requeue_job(results.key)
+            self._remember_requeue_pod(results.key)
         super()._change_state(results, **kwargs)
         if launch is not None and launch.token and self.event_buffer.get(results.key) == (RUNNING, None):
             # No token info: a None would erase the pre-assigned token (b3, b5).
@@ -120,16 +119,11 @@ class EventFence:
             self._retire_finished_pod(results.pod_name, results.namespace, launch, results.state)
         self._release(results.key, launch)
 
-    def _rename_requeue_job(self, key: Any) -> None:
-        """Give the pre-execution requeue of a launch the next attempt's pod name (the failed pod
-        keeps its name until deleted)."""
+    def _remember_requeue_pod(self, key: Any) -> None:
+        """Know the pod of a launch's pre-execution requeue before it exists: the next attempt
+        gets the next name (``_planned_name``; the failed pod keeps its name until deleted)."""
         attempt = self.pod_launch_attempts.get(key)
         launch = self._launch_of_job(attempt.job) if attempt is not None else None
-        name, _ = self._pod_location(attempt.job) if attempt is not None else (None, None)
-        if launch is None or not launch.token or not name:
+        if launch is None or not launch.token:
             return
-        workload = workload_of(attempt.job.command)
-        override = copy.deepcopy(attempt.job.kube_executor_config)
-        override.metadata.name = pod_name(workload.ti.dag_id, workload.ti.task_id, launch.token, attempt.attempts + 1)
-        attempt.job = attempt.job._replace(kube_executor_config=override)
-        self.book.remember(override.metadata.name, launch)
+        self.book.remember(pod_name(launch.dag_id, launch.task_id, launch.token, attempt.attempts + 1), launch)

@@ -15,7 +15,7 @@ from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interlea
 def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
     """Wall time of ``trigger_tasks`` for ``workloads`` queued workloads: the scheduler's
     ``execute_async`` per workload (stock: build the KubernetesJob and put it on the Manager
-    queue; fenced: the same plus its launch identity, pod override and launch claim). The real
+    queue; fenced: the same plus its LaunchBook entry). The real
     (Manager) task queue is drained, untimed, after each repetition. Also the time of
     ``queue_workload`` (BaseExecutor's, the same for both) for reference."""
     execs = {kind: lab.executor(kind, namespace=f"bench-queue-{kind}") for kind in ("stock", "fenced")}
