@@ -23,12 +23,12 @@ FULL = {"history": (50, 40, 5), "queue_workloads": 500, "queue_reps": 6, "precre
         "precreate_reps": 8, "launch_pods": 500, "launch_reps": 4, "batch_size": 32, "state_events": 100,
         "state_reps": 6, "sweep_sizes": [100, 1000, 10000, 100000], "sweep_reps": 3, "stale_fraction": 0.01,
         "page_size": 500, "sweep_namespaces": [1, 4, 16], "sweep_schedulers": [1, 2, 4], "sweep_fixed_pods": 10000,
-        "inflight_sizes": [10, 100, 1000], "inflight_syncs": 10, "loop_tasks": 100, "loop_reps": 4,
-        "heartbeat": 0.1, "kubelet_max_running": 16}
+        "inflight_sizes": [10, 100, 1000], "inflight_syncs": 10, "loop_tasks": 100, "loop_per_loop": 2,
+        "loop_reps": 4, "heartbeat": 0.1, "kubelet_max_running": 16}
 QUICK = {**FULL, "history": (10, 10, 5), "queue_workloads": 100, "queue_reps": 2, "precreate_reps": 2,
          "launch_pods": 64, "launch_reps": 2, "state_events": 20, "state_reps": 2, "sweep_sizes": [100, 1000, 10000],
          "sweep_reps": 1, "sweep_namespaces": [1, 4], "sweep_schedulers": [1, 2], "sweep_fixed_pods": 1000,
-         "inflight_sizes": [10, 100], "inflight_syncs": 4, "loop_tasks": 10, "loop_reps": 2}
+         "inflight_sizes": [10, 100], "inflight_syncs": 4, "loop_tasks": 40, "loop_reps": 2}
 #: The smoke test's sizes: every scenario and key, counts only (tests/lab/test_bench_smoke.py).
 SMOKE = {**QUICK, "history": (5, 4, 5), "queue_workloads": 16, "queue_reps": 1, "precreate_reps": 1,
          "launch_pods": 16, "launch_reps": 1, "batch_size": 8, "state_events": 8, "state_reps": 1,
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
         if "loop" in only:
             progress("scheduler loop (in-process approximation)")
             raw["loop"] = r = events.scheduler_loop(lab, cfg["loop_tasks"], cfg["loop_reps"], cfg["heartbeat"],
-                                                    cfg["kubelet_max_running"])
+                                                    cfg["kubelet_max_running"], cfg["loop_per_loop"])
             result["sync_p50_seconds"] = r["p50"]
             result["sync_p99_seconds"] = r["p99"]
             result["sync_p50_ratio"] = r["p50_ratio"]
