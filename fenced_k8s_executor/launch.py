@@ -28,16 +28,23 @@ from fenced_k8s_executor.names import (
 POD_NAME_MAX = 63
 
 
+#: A launch token as the scheduler writes it (``str(uuid4())``): taken as is, no parse, no cache.
+_CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def as_token(value: object) -> str | None:
     """Return the canonical token if ``value`` is a launch token (a UUID), else None (legacy)."""
     if value is None:
         return None
-    return _canonical(value if isinstance(value, str) else str(value))
+    text = value if isinstance(value, str) else str(value)
+    return text if _CANONICAL.fullmatch(text) else _parsed(text)
 
 
-@functools.lru_cache(maxsize=65536)
-def _canonical(text: str) -> str | None:
-    """Parsed once per distinct string: every loop compares the same in-flight tokens again."""
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> str | None:
+    """Any other spelling (upper case, braces, a job id) is parsed once: a legacy row or pod is
+    compared again every loop. Canonical tokens skip this cache, so a sweep over 100,000 pods
+    does not fill it."""
     try:
         return str(uuid.UUID(text))
     except ValueError:

@@ -45,3 +45,16 @@ def test_pod_names_are_valid_deterministic_and_distinct_per_attempt(dag_id, task
     assert len(name) <= 63 and DNS_LABEL.match(name), name
     assert name == pod_name(dag_id, task_id, str(token), attempt)
     assert name != pod_name(dag_id, task_id, str(token), attempt + 1)
+
+
+def _parse_or_none(text: str) -> str | None:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return None
+
+
+@given(st.one_of(st.uuids().map(str), st.uuids().map(lambda u: str(u).upper()), st.uuids().map(lambda u: u.hex),
+                 st.text(max_size=40), st.integers().map(str)))
+def test_as_token_agrees_with_uuid_parsing_whatever_the_spelling(text):
+    assert as_token(text) == _parse_or_none(text)
