@@ -191,10 +191,10 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         if self.fence is None or self.fence.mode is config.Mode.OFF or workload is None:
             return super().execute_async(key, command, queue, executor_config)
         super().execute_async(key, command, queue, executor_config)
-        launch = self._launch_of_workload(workload)
+        token = as_token(workload.ti.external_executor_id)
         if key in self.running:
-            self.book.queued(key, launch)  # legacy launches too: their slot is theirs alone
-        if launch.token:
+            self.book.queued(key, token)  # legacy launches too: their slot is theirs alone
+        if token:
             # No token info at all: the scheduler writes QUEUED/RUNNING info into
             # external_executor_id by task, so a late event would overwrite a newer launch's
             # token (b5). The scheduler's own pre-assigned value is the token.

@@ -42,15 +42,16 @@ class LaunchBook:
         self._memory = memory
         self._lock = threading.Lock()
         self._pods: OrderedDict[str, LaunchIdentity] = OrderedDict()
-        self._holders: dict[Hashable, LaunchIdentity] = {}
+        self._holders: dict[Hashable, str] = {}  # key -> token of the launch holding its slot
         self._pending: dict[str, Pending] = {}
 
     # ------------------------------------------------------------ recording
 
-    def queued(self, key: Hashable, launch: LaunchIdentity) -> None:
-        """The executor put ``key`` in ``running`` for ``launch`` (execute_async)."""
+    def queued(self, key: Hashable, token: str | None) -> None:
+        """The executor put ``key`` in ``running`` for the launch of ``token`` (execute_async;
+        None: a legacy launch). Only the token: this runs per workload in the scheduler's loop."""
         with self._lock:
-            self._holders[key] = launch
+            self._holders[key] = token or ""
 
     def created(self, key: Hashable, name: str, namespace: str, launch: LaunchIdentity) -> None:
         """A pod was created for ``launch``: it is pending until it reports Running or finishes."""
@@ -61,7 +62,7 @@ class LaunchBook:
     def adopted(self, key: Hashable, name: str, launch: LaunchIdentity) -> None:
         with self._lock:
             self._remember(name, launch)
-            self._holders[key] = launch
+            self._holders[key] = launch.token or ""
 
     def remember(self, name: str, launch: LaunchIdentity) -> None:
         with self._lock:
@@ -91,7 +92,8 @@ class LaunchBook:
         with self._lock:
             return name in self._pods
 
-    def holder(self, key: Hashable) -> LaunchIdentity | None:
+    def holder(self, key: Hashable) -> str | None:
+        """Token of the launch holding ``key``'s slot ("" for a legacy launch), None if none."""
         with self._lock:
             return self._holders.get(key)
 

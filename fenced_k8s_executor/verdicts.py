@@ -138,9 +138,10 @@ def should_adopt(launch: LaunchIdentity | None, ti_token: object) -> Verdict:
     return Verdict(True, True, Reason.CURRENT)
 
 
-def releases_slot(holder: LaunchIdentity | None, launch: LaunchIdentity | None) -> bool:
+def releases_slot(holder: str | None, launch: LaunchIdentity | None) -> bool:
     """A swallowed event frees the executor slot of its key exactly as the stock path would,
-    unless a newer launch of the same key holds that slot on this scheduler."""
+    unless a newer launch of the same key holds that slot on this scheduler. ``holder`` is the
+    token of the launch holding the slot ("" for a legacy launch), None when none is known."""
     if holder is None or launch is None:
         return True
-    return as_token(holder.token) == as_token(launch.token)
+    return holder == (as_token(launch.token) or "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow.executors.workloads import ExecuteTask
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import ADOPTED
 from airflow.utils.state import TaskInstanceState
 
@@ -16,8 +17,6 @@ __all__ = ["ADOPTED", "FAILED", "QUEUED", "RUNNING", "workload_of"]
 
 def workload_of(command: Any) -> Any:
     """The ExecuteTask workload a job or command carries, or None (other workload kinds)."""
-    from airflow.executors.workloads import ExecuteTask
-
     if command and isinstance(command[0], ExecuteTask):
         return command[0]
     return None

@@ -139,9 +139,12 @@ def test_should_adopt_table(the_launch, ti_token, adopt, reason):
     "holder, the_launch, frees",
     [
         (None, launch(), True),  # nobody known holds the key: stock frees it
-        (launch(), launch(), True),  # the stale launch itself holds it
-        (launch(token=T2), launch(), False),  # a newer launch of the key is in flight here
-        (launch(), None, True),
+        (T1, launch(), True),  # the stale launch itself holds it
+        (T2, launch(), False),  # a newer launch of the key is in flight here
+        (T1, None, True),
+        ("", launch(token=None), True),  # a legacy launch holds it and a legacy event ends it
+        ("", launch(), False),  # a legacy launch holds it: a tokened event is another launch's
+        (T1, launch(token=None), False),
     ],
 )
 def test_releases_slot_table(holder, the_launch, frees):
