@@ -7,6 +7,7 @@ measured process's GIL (a real API server and kubelet never do).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -437,6 +438,12 @@ class Lab:
         module, _, name = (STOCK if kind == "stock" else FENCED).rpartition(".")
         executor = getattr(importlib.import_module(module), name)()
         executor.job_id = job_id
+        # start() forks the provider's Manager (and watcher) from this process, whose heap holds
+        # every earlier repetition: frozen, a child's full collection skips it instead of pausing
+        # (and copy-on-write faulting) for hundreds of ms in the middle of a timed section. Airflow
+        # freezes before its own forks (dag processor, local executor) for the same reason.
+        gc.collect()
+        gc.freeze()
         executor.start()
         quiet_logs()
         self.executors.append(executor)
@@ -488,6 +495,22 @@ def forget(executor) -> None:
         from fenced_k8s_executor.launches import LaunchBook
 
         executor.book = LaunchBook()
+
+
+@contextmanager
+def quiet_gc() -> Iterator[None]:
+    """timeit's convention for a timed section, for stock and fenced alike: collect first, no
+    collection during. Both executors share this process's heap, so a full collection (tens of
+    ms) lands on whichever side happens to allocate at that moment, and one such pause is larger
+    than the difference being measured. Allocation counts still show in the figures."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interleaved, median, percentile, profiled,
-                                               progress, spread, workload)
+                                               progress, quiet_gc, spread, workload)
 
 
 def state_change(lab: Lab, events: int, reps: int) -> dict:
@@ -32,7 +32,8 @@ def state_change(lab: Lab, events: int, reps: int) -> dict:
     for mode in ("hit", "fallback"):
         raw: dict = {"stock": [], "fenced": []}
         for rep, kind in [(-1, "stock"), (-1, "fenced")] + list(interleaved(reps)):
-            sample = _state_once(lab, execs[kind], watches[kind], mode)
+            with quiet_gc():
+                sample = _state_once(lab, execs[kind], watches[kind], mode)
             if rep >= 0:
                 raw[kind].append(sample)
         per = {k: median([x["seconds"] for x in v]) / events for k, v in raw.items()}
@@ -102,7 +103,8 @@ def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: flo
         _loop_once(lab, kind, -1, 4 * per_loop, heartbeat, max_running, per_loop)
     raw: dict = {"stock": [], "fenced": []}
     for rep, kind in interleaved(reps):
-        sample = _loop_once(lab, kind, rep, tasks_per_scheduler, heartbeat, max_running, per_loop)
+        with quiet_gc():
+            sample = _loop_once(lab, kind, rep, tasks_per_scheduler, heartbeat, max_running, per_loop)
         raw[kind].append(sample)
         progress(f"scheduler loop rep {rep} {kind}: {len(sample['syncs'])} syncs, p50 {sample['p50'] * 1e3:.1f} ms,"
                  f" p99 {sample['p99'] * 1e3:.1f} ms, {sample['statements_per_sync']:.2f} DB statements and"
@@ -245,7 +247,7 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> 
         for i, kind in interleaved(syncs):
             ex = execs[kind]
             before = lab.trips.snapshot()
-            with profiled(lab, f"inflight_{n}_sync_{kind}") if i == 0 else _null():
+            with profiled(lab, f"inflight_{n}_sync_{kind}") if i == 0 else _null(), quiet_gc():
                 s0, c0 = time.perf_counter(), time.process_time()
                 ex.sync()
                 seconds, cpu = time.perf_counter() - s0, time.process_time() - c0
