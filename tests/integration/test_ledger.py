@@ -1,0 +1,41 @@
+"""ledger.read_rows on real PostgreSQL: the constant array statement it sends there finds exactly
+the rows the portable SQLAlchemy read finds (by task, across a clear's new row id)."""
+
+from __future__ import annotations
+
+import uuid
+
+from fenced_k8s_executor import ledger
+
+
+def _portable(tasks: list) -> dict:
+    from airflow import settings
+
+    wanted = {tuple(t) for t in tasks}
+    return ledger._rows_of(ledger._read_portable(settings.engine, wanted), wanted)
+
+
+def test_postgresql_read_finds_what_the_portable_read_finds(metadata_db, airflow):
+    from airflow import settings
+
+    assert settings.engine.dialect.name == "postgresql"
+    dag_id = f"ledger_{uuid.uuid4().hex[:8]}"
+    airflow.add_dag(dag_id, ["a", "b", "c"])
+    try:
+        run1, run2 = airflow.create_run(dag_id), airflow.create_run(dag_id)
+        before = airflow.row(dag_id, "a", run1)
+        cleared = airflow.clear(before)  # clear_task_instances: the task keeps its key, gets a new id
+        assert cleared.id != before.id
+        tasks = [(dag_id, t, r, -1) for t in ("a", "b") for r in (run1, run2)]
+        tasks += [(dag_id, "c", run1, -1), (dag_id, "missing", run1, -1), (dag_id, "a", "no-such-run", -1),
+                  ("no_such_dag", "a", run1, -1), (dag_id, "a", run2, 3)]
+
+        rows = ledger.read_rows(tasks)
+
+        assert rows == _portable(tasks)
+        assert set(rows) == {(dag_id, t, r, -1) for t in ("a", "b") for r in (run1, run2)} | {(dag_id, "c", run1, -1)}
+        assert rows[(dag_id, "a", run1, -1)].ti_id == cleared.id
+        assert rows[(dag_id, "b", run2, -1)].ti_id == airflow.row(dag_id, "b", run2).id
+        assert ledger.read_rows([None]) == {}
+    finally:
+        airflow.retire(dag_id)
