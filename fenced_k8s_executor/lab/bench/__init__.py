@@ -23,7 +23,7 @@ FULL = {"history": (50, 40, 5), "queue_workloads": 500, "queue_reps": 6, "precre
         "precreate_reps": 8, "launch_pods": 500, "launch_reps": 4, "batch_size": 32, "state_events": 100,
         "state_reps": 6, "sweep_sizes": [100, 1000, 10000, 100000], "sweep_reps": 3, "stale_fraction": 0.01,
         "page_size": 500, "sweep_namespaces": [1, 4, 16], "sweep_schedulers": [1, 2, 4], "sweep_fixed_pods": 10000,
-        "inflight_sizes": [10, 100, 1000], "inflight_syncs": 10, "loop_tasks": 100, "loop_per_loop": 2,
+        "inflight_sizes": [10, 100, 1000], "inflight_syncs": 10, "loop_tasks": 200, "loop_per_loop": 2,
         "loop_reps": 4, "heartbeat": 0.1, "kubelet_max_running": 16}
 QUICK = {**FULL, "history": (10, 10, 5), "queue_workloads": 100, "queue_reps": 2, "precreate_reps": 2,
          "launch_pods": 64, "launch_reps": 2, "state_events": 20, "state_reps": 2, "sweep_sizes": [100, 1000, 10000],

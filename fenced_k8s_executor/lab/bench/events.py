@@ -89,29 +89,37 @@ def _state_once(lab: Lab, ex, watches: list, mode: str) -> dict:
             "api_reads": sum(1 for c in calls if c.get("verb") == "get")}
 
 
+KINDS = ("stock", "fenced")
+
+
 def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: float, max_running: int,
                    per_loop: int = 2) -> dict:
-    """p50/p99 of sync() for two executors (two 'schedulers') of one kind in steady state: each
-    loop queues ``per_loop`` new tasks on each executor, then runs trigger_tasks and sync(), until
-    ``tasks_per_scheduler`` have arrived; trivial pods run through a process kubelet. Only those
-    arrival loops are timed, so stock and fenced are compared over the same number of syncs doing
-    the same work (timing every sync until all tasks finish made the percentiles depend on how
-    many idle syncs each run happened to have). Stock and fenced runs alternate (ABBA) after one
-    untimed warm-up run of each (mapper configuration, first pod build, pooled connections).
-    Per repetition: p50/p99, DB statements and API calls per sync; ratios per repetition pair."""
-    for kind in ("stock", "fenced"):
-        _loop_once(lab, kind, -1, 4 * per_loop, heartbeat, max_running, per_loop)
+    """p50/p99 of sync() in steady state, stock and fenced side by side in the same time window.
+
+    A repetition runs two stock and two fenced executors (two 'schedulers' of each kind, each kind
+    in its own namespace with its own process kubelet running trivial pods). Every loop queues
+    ``per_loop`` new tasks on each executor, then runs trigger_tasks and a timed sync() on each,
+    the kinds taking turns to go first (ABBA by loop), until ``tasks_per_scheduler`` have arrived;
+    only those arrival loops are timed, so both kinds are compared over the same syncs doing the
+    same work. Timed in separate runs, the machine's drift between runs (the real apiserver and
+    etcd share its two cores) moved a kind's p50 by up to 2.5x from one run to the next, more than
+    any difference between the kinds; within one window both kinds see the same machine.
+    One untimed warm-up repetition first (mapper configuration, first pod build, pooled
+    connections). Per repetition and kind: p50/p99, DB statements and API calls per sync."""
+    with quiet_gc():
+        _loop_window(lab, -1, 4 * per_loop, heartbeat, max_running, per_loop)
     raw: dict = {"stock": [], "fenced": []}
-    for rep, kind in interleaved(reps):
+    for rep in range(reps):
         with quiet_gc():
-            sample = _loop_once(lab, kind, rep, tasks_per_scheduler, heartbeat, max_running, per_loop)
-        raw[kind].append(sample)
-        progress(f"scheduler loop rep {rep} {kind}: {len(sample['syncs'])} syncs, p50 {sample['p50'] * 1e3:.1f} ms,"
-                 f" p99 {sample['p99'] * 1e3:.1f} ms, {sample['statements_per_sync']:.2f} DB statements and"
-                 f" {sample['api_calls_per_sync']:.2f} API calls per sync, {sample['seconds']:.1f}s for"
-                 f" {sample['done']} tasks")
+            samples = _loop_window(lab, rep, tasks_per_scheduler, heartbeat, max_running, per_loop)
+        for kind, sample in samples.items():
+            raw[kind].append(sample)
+            progress(f"scheduler loop rep {rep} {kind}: {len(sample['syncs'])} syncs, p50 {sample['p50'] * 1e3:.1f} ms,"
+                     f" p99 {sample['p99'] * 1e3:.1f} ms, {sample['statements_per_sync']:.2f} DB statements and"
+                     f" {sample['api_calls_per_sync']:.2f} API calls per sync, {sample['seconds']:.1f}s for"
+                     f" {sample['done']} tasks")
     out: dict = {"raw": raw, "p50": {}, "p99": {}, "pooled": {}, "tasks": 2 * tasks_per_scheduler,
-                 "per_loop": per_loop}
+                 "per_loop": per_loop, "window": "shared"}
     for kind, samples in raw.items():
         allsyncs = [s for x in samples for s in x["syncs"]]
         out["pooled"][kind] = {"p50": percentile(allsyncs, 50), "p99": percentile(allsyncs, 99), "syncs": len(allsyncs)}
@@ -130,94 +138,98 @@ def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: flo
     return out
 
 
-def _loop_once(lab: Lab, kind: str, rep: int, per: int, heartbeat: float, max_running: int, per_loop: int) -> dict:
+def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: int, per_loop: int) -> dict:
     from airflow.utils.state import TaskInstanceState
 
-    ns = f"bench-loop-{rep}-{kind}" if rep >= 0 else f"bench-loop-warmup-{kind}"
-    kubelet = lab.start_kubelet(ns, max_running=max_running)
-    execs = [lab.executor(kind, namespace=ns, batch_size=32, delete_worker_pods=True) for _ in range(2)]
-    ti_of: dict = {}
-    arrivals = []
-    for ex in execs:
-        tis = lab.queued_tis(per, ex.job_id, f"loop_{kind}")
-        arrivals.append([tis[i:i + per_loop] for i in range(0, len(tis), per_loop)])
-        for ti in tis:
-            ti_of[(ti.dag_id, ti.task_id, ti.run_id)] = str(ti.id)
-    syncs: list[float] = []
-    cpus: list[float] = []
-    statements: list[int] = []
-    wire: list[int] = []
-    done: set = set()
+    tag = str(rep) if rep >= 0 else "warmup"
+    kubelets, execs, arrivals, ti_of = {}, {}, {}, {}
+    for kind in KINDS:
+        ns = f"bench-loop-{tag}-{kind}"
+        kubelets[kind] = lab.start_kubelet(ns, max_running=max_running)
+        execs[kind] = [lab.executor(kind, namespace=ns, batch_size=32, delete_worker_pods=True) for _ in range(2)]
+        arrivals[kind] = []
+        for ex in execs[kind]:
+            tis = lab.queued_tis(per, ex.job_id, f"loop_{kind}")
+            arrivals[kind].append([tis[i:i + per_loop] for i in range(0, len(tis), per_loop)])
+            for ti in tis:
+                ti_of[(ti.dag_id, ti.task_id, ti.run_id)] = str(ti.id)
+    m: dict = {kind: {"syncs": [], "cpus": [], "statements": [], "wire": [], "done": set()} for kind in KINDS}
     mark = lab.audit_mark()
-    prof = None
+    profs: dict = {}
     if lab.profile_dir is not None and rep == 0:  # the syncs only, not the benchmark's own work
         import cProfile
 
-        prof = cProfile.Profile()
-    loops = max(len(a) for a in arrivals)
+        profs = {kind: cProfile.Profile() for kind in KINDS}
+    loops = max(len(a) for kind in KINDS for a in arrivals[kind])
     t0 = time.monotonic()
-    deadline = t0 + 60 + per * 2
+    deadline = t0 + 60 + per * 4
     loop = 0
     timed_calls = None
-    while (loop < loops or len(done) < 2 * per) and time.monotonic() < deadline:
+    while (loop < loops or any(len(m[k]["done"]) < 2 * per for k in KINDS)) and time.monotonic() < deadline:
         timed = loop < loops  # the arrival loops; the drain after them only lets the run finish
-        for ex, arriving in zip(execs, arrivals):
-            if loop < len(arriving):
-                for ti in arriving[loop]:
-                    ex.queue_workload(workload(ti), session=None)
-            ex.trigger_tasks(open_slots=32)
-            before = lab.trips.snapshot()
-            if prof is not None and timed:
-                prof.enable()
-            s0, c0 = time.perf_counter(), time.process_time()
-            ex.sync()
-            seconds, cpu = time.perf_counter() - s0, time.process_time() - c0
-            if prof is not None and timed:
-                prof.disable()
-            db = lab.trips.since(before)
-            if timed:
-                syncs.append(seconds)
-                cpus.append(cpu)
-                statements.append(db["statements"])
-                wire.append(db["wire"])
-            started = []
-            for key, (state, info) in ex.get_event_buffer().items():
-                ti_id = ti_of.get((key.dag_id, key.task_id, key.run_id))
-                if ti_id is None:
-                    continue
-                if state == TaskInstanceState.RUNNING:
-                    started.append(ti_id)  # the worker would now run the task and report success
-                elif state in (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED) or info is None:
-                    done.add(ti_id)
-            lab.set_ti_state(started, "success")
+        for kind in (KINDS if loop % 4 in (0, 3) else KINDS[::-1]):
+            for ex, arriving in zip(execs[kind], arrivals[kind]):
+                if loop < len(arriving):
+                    for ti in arriving[loop]:
+                        ex.queue_workload(workload(ti), session=None)
+                ex.trigger_tasks(open_slots=32)
+                before = lab.trips.snapshot()
+                prof = profs.get(kind) if timed else None
+                if prof is not None:
+                    prof.enable()
+                s0, c0 = time.perf_counter(), time.process_time()
+                ex.sync()
+                seconds, cpu = time.perf_counter() - s0, time.process_time() - c0
+                if prof is not None:
+                    prof.disable()
+                db = lab.trips.since(before)
+                if timed:
+                    m[kind]["syncs"].append(seconds)
+                    m[kind]["cpus"].append(cpu)
+                    m[kind]["statements"].append(db["statements"])
+                    m[kind]["wire"].append(db["wire"])
+                started = []
+                for key, (state, info) in ex.get_event_buffer().items():
+                    ti_id = ti_of.get((key.dag_id, key.task_id, key.run_id))
+                    if ti_id is None:
+                        continue
+                    if state == TaskInstanceState.RUNNING:
+                        started.append(ti_id)  # the worker would now run the task and report success
+                    elif state in (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED) or info is None:
+                        m[kind]["done"].add(ti_id)
+                lab.set_ti_state(started, "success")
         if loop == loops - 1:
             timed_calls = lab.api_calls(mark)
         loop += 1
         time.sleep(heartbeat)
     seconds = time.monotonic() - t0
-    if prof is not None:
-        from fenced_k8s_executor.lab.bench.env import write_profile
-
-        write_profile(lab, prof, f"loop_syncs_{kind}")
-    whos = {f"scheduler-{ex.job_id}" for ex in execs}
     if timed_calls is None:  # the deadline passed during the arrival loops
         timed_calls = lab.api_calls(mark)
-    calls = [c for c in timed_calls if c.get("who") in whos and c.get("verb") != "watch"]
-    verbs: dict = {}
-    for c in calls:
-        verbs[c.get("verb")] = verbs.get(c.get("verb"), 0) + 1
-    for ex in execs:
-        lab.end_executor(ex)
-    kubelet.stop()
-    lab.procs.remove(kubelet)
-    if len(done) < 2 * per:
-        progress(f"WARNING: scheduler loop {kind} rep {rep}: only {len(done)} of {2 * per} tasks finished")
-    n = max(1, len(syncs))
-    return {"syncs": syncs, "statements": statements, "seconds": seconds, "done": len(done),
-            "p50": percentile(syncs, 50), "p99": percentile(syncs, 99),
-            "cpu_p50": percentile(cpus, 50), "cpu_p99": percentile(cpus, 99),
-            "statements_per_sync": sum(statements) / n, "wire_per_sync": sum(wire) / n,
-            "api_calls_per_sync": len(calls) / n, "api_verbs": verbs}
+    out = {}
+    for kind in KINDS:
+        if kind in profs:
+            from fenced_k8s_executor.lab.bench.env import write_profile
+
+            write_profile(lab, profs[kind], f"loop_syncs_{kind}")
+        whos = {f"scheduler-{ex.job_id}" for ex in execs[kind]}
+        calls = [c for c in timed_calls if c.get("who") in whos and c.get("verb") != "watch"]
+        verbs: dict = {}
+        for c in calls:
+            verbs[c.get("verb")] = verbs.get(c.get("verb"), 0) + 1
+        for ex in execs[kind]:
+            lab.end_executor(ex)
+        kubelets[kind].stop()
+        lab.procs.remove(kubelets[kind])
+        k = m[kind]
+        if len(k["done"]) < 2 * per:
+            progress(f"WARNING: scheduler loop {kind} rep {rep}: only {len(k['done'])} of {2 * per} tasks finished")
+        n = max(1, len(k["syncs"]))
+        out[kind] = {"syncs": k["syncs"], "statements": k["statements"], "seconds": seconds, "done": len(k["done"]),
+                     "p50": percentile(k["syncs"], 50), "p99": percentile(k["syncs"], 99),
+                     "cpu_p50": percentile(k["cpus"], 50), "cpu_p99": percentile(k["cpus"], 99),
+                     "statements_per_sync": sum(k["statements"]) / n, "wire_per_sync": sum(k["wire"]) / n,
+                     "api_calls_per_sync": len(calls) / n, "api_verbs": verbs}
+    return out
 
 
 def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> dict:
