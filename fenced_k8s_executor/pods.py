@@ -103,44 +103,68 @@ def list_pages(
     field_selector: str | None = None,
     page_size: int = 500,
     request_args: Mapping | None = None,
+    prefetch: bool = False,
 ) -> Iterator[list[PodRef]]:
     """Yield pages of pods as metadata only (PartialObjectMetadataList), following ``continue``.
 
-    ``namespace`` None lists all namespaces. One API call per page.
+    ``namespace`` None lists all namespaces. One API call per page. With ``prefetch`` the next
+    page is requested (in one helper thread) as soon as the continue token is known, so the API
+    server serialises it while the caller reads rows and decides about this one (the sweep).
     """
+
+    def fetch(token: str | None) -> tuple[list[PodRef], str | None]:
+        return _list_page(kube_client, namespace, label_selector, field_selector, page_size, request_args, token)
+
+    if not prefetch:
+        token: str | None = None
+        while True:
+            page, token = fetch(token)
+            yield page
+            if not token:
+                return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fenced-k8s-list") as pool:
+        pending = pool.submit(fetch, None)
+        while True:
+            page, token = pending.result()
+            if token:
+                pending = pool.submit(fetch, token)
+            yield page
+            if not token:
+                return
+
+
+def _list_page(kube_client: Any, namespace: str | None, label_selector: str, field_selector: str | None,
+               page_size: int, request_args: Mapping | None, token: str | None) -> tuple[list[PodRef], str | None]:
     api = kube_client.api_client
     path = "/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"
-    token: str | None = None
-    while True:
-        query: list[tuple[str, Any]] = [("labelSelector", label_selector), ("limit", page_size)]
-        if field_selector:
-            query.append(("fieldSelector", field_selector))
-        if token:
-            query.append(("continue", token))
-        data = api.call_api(
-            path,
-            "GET",
-            query_params=query,
-            header_params={"Accept": METADATA_LIST_ACCEPT},
-            auth_settings=["BearerToken"],
-            response_types_map={200: "object"},
-            _return_http_data_only=True,
-            _preload_content=True,
-            **(request_args or {}),
-        )
-        page = []
-        for item in data.get("items") or []:
-            meta = item.get("metadata") or {}
-            page.append(
-                PodRef(
-                    name=meta.get("name"),
-                    namespace=meta.get("namespace"),
-                    uid=meta.get("uid"),
-                    launch=from_pod_metadata(meta.get("annotations")),
-                    deleting=bool(meta.get("deletionTimestamp")),
-                )
+    query: list[tuple[str, Any]] = [("labelSelector", label_selector), ("limit", page_size)]
+    if field_selector:
+        query.append(("fieldSelector", field_selector))
+    if token:
+        query.append(("continue", token))
+    data = api.call_api(
+        path,
+        "GET",
+        query_params=query,
+        header_params={"Accept": METADATA_LIST_ACCEPT},
+        auth_settings=["BearerToken"],
+        response_types_map={200: "object"},
+        _return_http_data_only=True,
+        _preload_content=True,
+        **(request_args or {}),
+    )
+    page = []
+    for item in data.get("items") or []:
+        meta = item.get("metadata") or {}
+        page.append(
+            PodRef(
+                name=meta.get("name"),
+                namespace=meta.get("namespace"),
+                uid=meta.get("uid"),
+                launch=from_pod_metadata(meta.get("annotations")),
+                deleting=bool(meta.get("deletionTimestamp")),
             )
-        yield page
-        token = (data.get("metadata") or {}).get("continue")
-        if not token:
-            return
+        )
+    return page, (data.get("metadata") or {}).get("continue") or None

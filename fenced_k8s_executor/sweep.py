@@ -119,6 +119,7 @@ class Sweeper:
             field_selector=SWEEP_FIELD_SELECTOR,
             page_size=self.page_size,
             request_args=self.request_args,
+            prefetch=True,
         ):
             report.pages += 1
             candidates = [ref for ref in page if ref.launch is not None and not ref.deleting]
