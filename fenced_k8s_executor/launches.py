@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable
 
-from fenced_k8s_executor.launch import LaunchIdentity
+from fenced_k8s_executor.launch import LaunchIdentity, as_token
 from fenced_k8s_executor.verdicts import releases_slot
 
 #: Pod names remembered after their launch ended (hours of churn; an entry is a few hundred bytes).
@@ -62,7 +62,7 @@ class LaunchBook:
     def adopted(self, key: Hashable, name: str, launch: LaunchIdentity) -> None:
         with self._lock:
             self._remember(name, launch)
-            self._holders[key] = launch.token or ""
+            self._holders[key] = as_token(launch.token) or ""
 
     def remember(self, name: str, launch: LaunchIdentity) -> None:
         with self._lock:

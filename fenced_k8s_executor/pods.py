@@ -8,8 +8,9 @@ reported to the caller as "nothing done", never raised into the scheduler loop.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from kubernetes.client import V1DeleteOptions, V1Preconditions
 from kubernetes.client.rest import ApiException
@@ -108,7 +109,7 @@ def list_pages(
     """Yield pages of pods as metadata only (PartialObjectMetadataList), following ``continue``.
 
     ``namespace`` None lists all namespaces. One API call per page. With ``prefetch`` the next
-    page is requested (in one helper thread) as soon as the continue token is known, so the API
+    page is requested (in a helper thread) as soon as the continue token is known, so the API
     server serialises it while the caller reads rows and decides about this one (the sweep).
     """
 
@@ -122,17 +123,37 @@ def list_pages(
             yield page
             if not token:
                 return
-    from concurrent.futures import ThreadPoolExecutor
+    pending = _in_background(fetch, None)
+    while True:
+        page, token = pending()
+        if token:
+            pending = _in_background(fetch, token)
+        yield page
+        if not token:
+            return
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fenced-k8s-list") as pool:
-        pending = pool.submit(fetch, None)
-        while True:
-            page, token = pending.result()
-            if token:
-                pending = pool.submit(fetch, token)
-            yield page
-            if not token:
-                return
+
+def _in_background(call: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+    """Run ``call(*args)`` in a daemon thread (a scheduler's exit never waits for a list in
+    flight); the returned function waits for it and returns its result or raises its error."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call(*args)
+        except BaseException as error:  # handed to the caller, who decides
+            box["error"] = error
+
+    thread = threading.Thread(target=run, name="fenced-k8s-list", daemon=True)
+    thread.start()
+
+    def result() -> Any:
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return result
 
 
 def _list_page(kube_client: Any, namespace: str | None, label_selector: str, field_selector: str | None,
