@@ -12,11 +12,10 @@ from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interlea
                                                quiet_gc, spread, workload)
 
 
-#: One queue-time repetition is an ABBA block of runs and each executor's faster run counts:
-#: successive runs alternate fast and slow by up to 15 %, whichever executor runs (the slow one
-#: page-faults memory the previous run's jobs gave back), so an executor timed once per
-#: repetition lands on the slow phase in every other pair. In a block each gets both phases.
-#: Each executor's fastest of four runs counts (timeit's ``repeat``): a run is only ~0.1 s.
+#: One queue-time repetition is an ABBA block of runs, each kind's fastest of its four runs
+#: counting (timeit's ``repeat``; a run is ~0.1 s). Successive runs alternated fast and slow by
+#: up to 15 % whichever executor ran (cause not pinned down; the allocator's state is the likely
+#: one), so a kind timed once per repetition landed on the slow phase in every other pair.
 QUEUE_BLOCK = (("stock", "fenced", "fenced", "stock") * 2, ("fenced", "stock", "stock", "fenced") * 2)
 
 
