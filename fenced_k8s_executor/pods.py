@@ -116,21 +116,19 @@ def list_pages(
     def fetch(token: str | None) -> tuple[list[PodRef], str | None]:
         return _list_page(kube_client, namespace, label_selector, field_selector, page_size, request_args, token)
 
-    if not prefetch:
-        token: str | None = None
-        while True:
-            page, token = fetch(token)
-            yield page
-            if not token:
-                return
-    pending = _in_background(fetch, None)
+    start = _in_background if prefetch else _deferred
+    pending = start(fetch, None)
     while True:
         page, token = pending()
         if token:
-            pending = _in_background(fetch, token)
+            pending = start(fetch, token)
         yield page
         if not token:
             return
+
+
+def _deferred(call: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+    return lambda: call(*args)
 
 
 def _in_background(call: Callable[..., Any], *args: Any) -> Callable[[], Any]:

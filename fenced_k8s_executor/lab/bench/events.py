@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interleaved, median, percentile, profiled,
-                                               progress, quiet_gc, spread, workload)
+                                               progress, quiet_gc, spread, workload, write_profile)
 
 
 def state_change(lab: Lab, events: int, reps: int) -> dict:
@@ -208,8 +208,6 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
     out = {}
     for kind in KINDS:
         if kind in profs:
-            from fenced_k8s_executor.lab.bench.env import write_profile
-
             write_profile(lab, profs[kind], f"loop_syncs_{kind}")
         whos = {f"scheduler-{ex.job_id}" for ex in execs[kind]}
         calls = [c for c in timed_calls if c.get("who") in whos and c.get("verb") != "watch"]
