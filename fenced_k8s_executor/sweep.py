@@ -10,6 +10,7 @@ advisory lock makes schedulers take turns instead of all sweeping the same pods 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -75,6 +76,7 @@ class Sweeper:
         self._lock = lock if lock is not None else advisory_lock
         self._on_stale = on_stale
         self._thread: threading.Thread | None = None
+        self._counting = threading.Lock()
         self._next_due = time.monotonic() + interval
         self.last_report: SweepReport | None = None
 
@@ -97,8 +99,13 @@ class Sweeper:
                 if not held:
                     report.skipped = "another scheduler is sweeping"
                 else:
-                    for namespace in self.namespaces:
-                        self._sweep_namespace(namespace, report)
+                    deletes = pods.Deletes(self.kube_client, self.request_args) if self.enforcing else None
+                    try:
+                        for namespace in self.namespaces:
+                            self._sweep_namespace(namespace, report, deletes)
+                    finally:
+                        if deletes is not None:
+                            deletes.close()  # every delete answered before the lock is let go
         except Exception as error:  # never let a sweep error escape: next interval retries
             report.errors.append(repr(error))
             if guards.is_api_error(error):
@@ -111,7 +118,7 @@ class Sweeper:
         self.last_report = report
         return report
 
-    def _sweep_namespace(self, namespace: str | None, report: SweepReport) -> None:
+    def _sweep_namespace(self, namespace: str | None, report: SweepReport, deletes: pods.Deletes | None) -> None:
         for page in pods.list_pages(
             self.kube_client,
             namespace,
@@ -136,18 +143,27 @@ class Sweeper:
                 report.stale += 1
                 if self._on_stale is not None:
                     self._on_stale(ref)
-                deleted = self.enforcing and pods.delete(self.kube_client, ref, self.request_args)
-                report.deleted += int(bool(deleted))
-                metrics.decision(
-                    "pod.deleted" if deleted else "pod.stale",
-                    path="sweep",
-                    reason=verdict.reason.value,
-                    enforced=self.enforcing,
-                    pod=f"{ref.namespace}/{ref.name}",
-                    ti=ref.launch.ti_id,
-                    launch=short(ref.launch.token),
-                    current=short(row.token if row else None),
-                )
+                decided = functools.partial(self._decided, report, ref, verdict.reason.value, row)
+                if deletes is None:
+                    decided(False)
+                else:
+                    deletes.submit(ref, decided)
+
+    def _decided(self, report: SweepReport, ref: pods.PodRef, reason: str, row: Any, deleted: bool | None) -> None:
+        """One stale pod's outcome (in a delete worker when enforcing): count it, metric and log."""
+        if deleted:
+            with self._counting:
+                report.deleted += 1
+        metrics.decision(
+            "pod.deleted" if deleted else "pod.stale",
+            path="sweep",
+            reason=reason,
+            enforced=self.enforcing,
+            pod=f"{ref.namespace}/{ref.name}",
+            ti=ref.launch.ti_id,
+            launch=short(ref.launch.token),
+            current=short(row.token if row else None),
+        )
 
 
 class _Held:
