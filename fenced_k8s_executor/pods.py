@@ -76,12 +76,15 @@ def delete(kube_client: Any, ref: PodRef, request_args: Mapping | None = None) -
         log.warning("fenced_k8s_executor refusing to delete pod %s/%s without a uid", ref.namespace, ref.name)
         return False
     try:
-        kube_client.delete_namespaced_pod(
+        response = kube_client.delete_namespaced_pod(
             name=ref.name,
             namespace=ref.namespace,
             body=V1DeleteOptions(preconditions=V1Preconditions(uid=ref.uid)),
-            **(request_args or {}),
+            # The deleted pod comes back; building a V1Pod of it costs 0.3 ms CPU per delete.
+            **{**(request_args or {}), "_preload_content": False},
         )
+        response.read()  # drained, so its connection goes back to the pool
+        response.release_conn()
         return True
     except ApiException as error:
         if error.status in (404, 409):  # already gone, or a different object now holds the name
