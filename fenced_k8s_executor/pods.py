@@ -7,6 +7,7 @@ reported to the caller as "nothing done", never raised into the scheduler loop.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -15,12 +16,14 @@ from typing import Any, Callable, Iterator, Mapping
 from kubernetes.client import V1DeleteOptions, V1Preconditions
 from kubernetes.client.rest import ApiException
 
-from fenced_k8s_executor import guards
+from fenced_k8s_executor import guards, metadata_pb
 from fenced_k8s_executor.launch import LaunchIdentity, from_pod_metadata
 
 log = logging.getLogger("fenced_k8s_executor")
 
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
+#: Protobuf where the server speaks it (kube-apiserver), JSON otherwise: see ``metadata_pb``.
+LIST_ACCEPT = f"{metadata_pb.ACCEPT}, {METADATA_LIST_ACCEPT}"
 
 
 @dataclass(frozen=True)
@@ -206,27 +209,34 @@ def _list_page(kube_client: Any, namespace: str | None, label_selector: str, fie
         query.append(("fieldSelector", field_selector))
     if token:
         query.append(("continue", token))
-    data = api.call_api(
+    response = api.call_api(
         path,
         "GET",
         query_params=query,
-        header_params={"Accept": METADATA_LIST_ACCEPT},
+        header_params={"Accept": LIST_ACCEPT},
         auth_settings=["BearerToken"],
-        response_types_map={200: "object"},
         _return_http_data_only=True,
-        _preload_content=True,
-        **(request_args or {}),
+        **{**(request_args or {}), "_preload_content": False},
     )
-    page = []
-    for item in data.get("items") or []:
-        meta = item.get("metadata") or {}
-        page.append(
-            PodRef(
-                name=meta.get("name"),
-                namespace=meta.get("namespace"),
-                uid=meta.get("uid"),
-                launch=from_pod_metadata(meta.get("annotations")),
-                deleting=bool(meta.get("deletionTimestamp")),
-            )
+    try:
+        body = response.data
+        media = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+    finally:
+        response.release_conn()
+    if media == metadata_pb.MEDIA_TYPE:
+        metas, token = metadata_pb.decode_list(body)
+    else:
+        data = json.loads(body)
+        metas = [item.get("metadata") or {} for item in data.get("items") or []]
+        token = (data.get("metadata") or {}).get("continue") or None
+    page = [
+        PodRef(
+            name=meta.get("name"),
+            namespace=meta.get("namespace"),
+            uid=meta.get("uid"),
+            launch=from_pod_metadata(meta.get("annotations")),
+            deleting=bool(meta.get("deletionTimestamp")),
         )
-    return page, (data.get("metadata") or {}).get("continue") or None
+        for meta in metas
+    ]
+    return page, token

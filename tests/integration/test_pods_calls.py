@@ -2,7 +2,8 @@
 
 pods.list_pages: the prefetching pager yields exactly what the plain pager yields, in order, one
 list call per page, and hands a failed list to its caller (the sweep's "no evidence, next
-interval"). pods.Deletes: every submitted pod gets exactly one guarded delete and its outcome,
+interval"), and reads the same identities from the real apiserver's protobuf as from JSON.
+pods.Deletes: every submitted pod gets exactly one guarded delete and its outcome,
 whatever another outcome's report does."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import uuid
 import pytest
 from kubernetes.client.rest import ApiException
 
-from fenced_k8s_executor import pods
+from fenced_k8s_executor import metadata_pb, pods
+from fenced_k8s_executor.launch import LaunchIdentity
 
 PODS = 7
 PAGE = 3
@@ -120,3 +122,43 @@ def test_deletes_keep_the_uid_precondition_and_survive_a_failing_report(kube, pa
     assert not sweeping.is_alive(), "the worker died with the failing report: submit/close never return"
     assert sorted(outcomes) == sorted([(impostor.name, False)] + [(ref.name, True) for ref in refs[1:]])
     assert [ref.name for ref in _refs(api, namespace)] == [refs[0].name]  # the precondition held
+
+
+def test_protobuf_pages_read_exactly_what_json_pages_read(kube, paged, monkeypatch):
+    """The judge of ``metadata_pb``: the real kube-apiserver serves protobuf, and every ref read
+    from it (launch identity, uid, a pod being deleted) equals the ref read from its JSON."""
+    api, namespace = paged
+    launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=3, scheduler_job_id="12",
+                            dag_id="dåg", task_id="t", run_id="manual__2026-12-01T00:00:00+00:00", deployment="d")
+    odd = {"empty": "", "unicode": "żółw 🐢", "long": "x" * 5000, **{f"k{i}.example.com/a": str(i) for i in range(40)}}
+    provider = {"dag_id": launch.dag_id, "task_id": launch.task_id, "run_id": launch.run_id, "map_index": "-1"}
+    for name, annotations in (("launch", {**provider, **launch.annotations()}), ("odd", odd)):
+        api.create_namespaced_pod(namespace, {
+            "metadata": {"name": name, "labels": {"paging-test": "yes"}, "annotations": annotations},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "base", "image": "x"}]}})
+    api.create_namespaced_pod_binding("launch", namespace, {"target": {"kind": "Node", "name": "lab-node"},
+                                                            "metadata": {"name": "launch"}}, _preload_content=False)
+    api.delete_namespaced_pod("launch", namespace)  # bound: stays, with a deletionTimestamp
+
+    served = api.api_client.call_api(f"/api/v1/namespaces/{namespace}/pods", "GET", header_params={"Accept": pods.LIST_ACCEPT},
+                                     auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
+    served.release_conn()
+    if kube.name == "real":
+        assert served.headers["Content-Type"].startswith(metadata_pb.MEDIA_TYPE)
+    from_protobuf = [ref for page in pods.list_pages(api, namespace, label_selector=LABEL, page_size=4) for ref in page]
+    monkeypatch.setattr(pods, "LIST_ACCEPT", pods.METADATA_LIST_ACCEPT)
+    from_json = [ref for page in pods.list_pages(api, namespace, label_selector=LABEL, page_size=4) for ref in page]
+
+    assert from_protobuf == from_json
+    by_name = {ref.name: ref for ref in from_protobuf}
+    assert len(by_name) == PODS + 2
+    assert by_name["launch"].launch == launch and by_name["launch"].deleting
+    assert by_name["odd"].launch is None and not by_name["odd"].deleting
+    assert all(ref.uid and ref.namespace == namespace for ref in from_protobuf)
+
+
+@pytest.mark.parametrize("body", [b"", b"k8s\x00", b"k8s\x00\x12\x05ab", b"k8s\x00\x12\x02\x12\x7f", b"{}",
+                                  b"k8s\x00\x12\x01\xff", b"k8s\x00\x13"])
+def test_a_malformed_protobuf_page_is_an_error_never_a_page(body):
+    with pytest.raises(ValueError):
+        metadata_pb.decode_list(body)

@@ -1,0 +1,72 @@
+"""metadata_pb over generated messages: whatever the strings and their lengths (varints of one to
+three bytes), the fields a fence reads come back exactly and every other field is skipped. The
+real kube-apiserver is the judge of the field numbers (tests/integration/test_pods_calls.py);
+this covers the byte-level reading."""
+
+from __future__ import annotations
+
+from hypothesis import given, strategies as st
+
+from fenced_k8s_executor import metadata_pb
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _text(number: int, value: str) -> bytes:
+    return _field(number, value.encode())
+
+
+def _object_meta(meta: dict, noise: bytes) -> bytes:
+    out = _text(1, meta["name"]) + _text(2, "generate-") + _text(3, meta["namespace"]) + _text(5, meta["uid"])
+    out += _varint(7 << 3) + _varint(2**40)  # generation: a varint scalar
+    if meta.get("deletionTimestamp"):
+        out += _field(9, _varint(1 << 3) + _varint(1_764_547_200))
+    for key, value in meta["annotations"].items():
+        out += _field(12, _text(1, key) + _text(2, value))
+    out += _field(11, _text(1, "label") + _text(2, "value"))
+    return out + _field(17, noise)  # managedFields: skipped by length
+
+
+texts = st.text(min_size=0, max_size=300)
+metas = st.fixed_dictionaries({
+    "name": st.text(min_size=1, max_size=63),
+    "namespace": st.text(min_size=1, max_size=63),
+    "uid": st.uuids().map(str),
+    "annotations": st.dictionaries(texts, st.text(max_size=20_000), max_size=12),
+    "deletionTimestamp": st.booleans(),
+})
+
+
+@given(items=st.lists(metas, max_size=6), token=st.one_of(st.none(), st.text(min_size=1, max_size=400)),
+       noise=st.binary(max_size=3000))
+def test_reads_every_item_and_the_continue_token(items, token, noise):
+    list_meta = _text(2, "12345") + (_text(3, token) if token else b"")
+    body = _field(1, list_meta) + b"".join(_field(2, _field(1, _object_meta(m, noise))) for m in items)
+    envelope = metadata_pb.MAGIC + _field(1, _text(1, "meta.k8s.io/v1") + _text(2, "PartialObjectMetadataList"))
+    envelope += _field(2, body) + _text(4, "")
+
+    decoded, continue_token = metadata_pb.decode_list(envelope)
+
+    assert continue_token == token
+    expected = [{k: v for k, v in m.items() if k != "deletionTimestamp" or v} for m in items]
+    assert decoded == expected
+
+
+@given(body=st.binary(max_size=200))
+def test_arbitrary_bytes_decode_or_raise_value_error(body):
+    try:
+        metadata_pb.decode_list(metadata_pb.MAGIC + body)
+    except ValueError:
+        pass
