@@ -31,7 +31,7 @@ class FencedConfigError(ValueError):
 OPTIONS: dict[str, tuple[str, str]] = {
     "mode": ("enforce", "enforce | audit | off. audit decides and reports but never drops or deletes."),
     "sweep_interval": ("60", "Seconds between sweeps for pods of superseded launches; 0 disables."),
-    "sweep_page_size": ("500", "Pods per metadata-only list page in the sweep (1-5000)."),
+    "sweep_page_size": ("1000", "Pods per metadata-only list page in the sweep (1-5000)."),
     "launch_claim": ("True", "Mint the launch token into the workload JWT as an extra claim."),
     "worker_entrypoint": (
         "True",
@@ -62,7 +62,7 @@ _FALSE = {"false", "f", "0", "no", "n", "off"}
 class FencedConfig:
     mode: Mode = Mode.ENFORCE
     sweep_interval: float = 60.0
-    sweep_page_size: int = 500
+    sweep_page_size: int = 1000
     launch_claim: bool = True
     worker_entrypoint: bool = True
     run_gate: bool = True

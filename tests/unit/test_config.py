@@ -10,7 +10,7 @@ from fenced_k8s_executor import config
 def test_defaults():
     cfg = config.parse({})
     assert cfg.mode is config.Mode.ENFORCE and cfg.enforcing and cfg.fencing
-    assert cfg.sweep_interval == 60 and cfg.sweep_page_size == 500
+    assert cfg.sweep_interval == 60 and cfg.sweep_page_size == 1000
     assert cfg.launch_claim and cfg.worker_entrypoint and cfg.run_gate
 
 

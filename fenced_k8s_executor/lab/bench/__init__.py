@@ -22,7 +22,7 @@ SCENARIOS = ("queue", "precreate", "launch", "state", "sweep", "inflight", "loop
 FULL = {"history": (50, 40, 5), "queue_workloads": 500, "queue_reps": 6, "precreate_sizes": [1, 8, 32, 128],
         "precreate_reps": 8, "launch_pods": 500, "launch_reps": 4, "batch_size": 32, "state_events": 100,
         "state_reps": 6, "sweep_sizes": [100, 1000, 10000, 100000], "sweep_reps": 3, "stale_fraction": 0.01,
-        "page_size": 500, "sweep_namespaces": [1, 4, 16], "sweep_schedulers": [1, 2, 4], "sweep_fixed_pods": 10000,
+        "page_size": 1000, "sweep_namespaces": [1, 4, 16], "sweep_schedulers": [1, 2, 4], "sweep_fixed_pods": 10000,
         "inflight_sizes": [10, 100, 1000], "inflight_syncs": 10, "loop_tasks": 200, "loop_per_loop": 2,
         "loop_reps": 4, "heartbeat": 0.1, "kubelet_max_running": 16}
 QUICK = {**FULL, "history": (10, 10, 5), "queue_workloads": 100, "queue_reps": 2, "precreate_reps": 2,
@@ -78,6 +78,8 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             cfg[k] = args.reps
     if args.sweep_sizes:
         cfg["sweep_sizes"] = [int(x) for x in args.sweep_sizes.split(",")]
+    if args.sweep_page_size:
+        cfg["page_size"] = args.sweep_page_size
     if args.inflight_sizes:
         cfg["inflight_sizes"] = [int(x) for x in args.inflight_sizes.split(",")]
     only = set(args.only.split(",")) if args.only else set(SCENARIOS)
@@ -221,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                          " ~/.cache/fenced-envtest) has one")
     ap.add_argument("--reps", type=int, help="override every scenario's ABBA repetitions")
     ap.add_argument("--sweep-sizes", help="override the sweep sizes, e.g. 1000,100000")
+    ap.add_argument("--sweep-page-size", type=int, help="pods per sweep list page (default 1000, the shipped default)")
     ap.add_argument("--inflight-sizes", help="override the launches-in-flight sizes, e.g. 10,1000")
     ap.add_argument("--stock-pagination", action="store_true",
                     help="the lab emulator's own list pagination (O(N) per page) instead of the bench's lazy one")

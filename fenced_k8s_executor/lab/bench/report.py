@@ -71,7 +71,7 @@ def targets(r: dict) -> list[dict]:
                                  "delete_calls": _get(r, "sweep_api_calls", biggest, "delete")},
                     "met": lists == pages and queries is not None and queries <= pages + 1})
         peaks = r.get("sweep_peak_bytes") or {}
-        page = _get(r, "config", "page_size") or 500
+        page = _get(r, "config", "page_size") or 1000
         full = [k for k in peaks if int(k) >= 2 * page]  # sizes with at least two full pages
         if len(full) >= 2:
             small, big = min(full, key=int), max(full, key=int)
