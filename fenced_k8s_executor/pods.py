@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -113,11 +114,9 @@ class Deletes:
     """
 
     def __init__(self, kube_client: Any, request_args: Mapping | None = None, workers: int = 4):
-        import queue
-
         self._kube_client = kube_client
         self._request_args = request_args
-        self._queue: Any = queue.Queue(maxsize=workers)
+        self._queue: queue.Queue = queue.Queue(maxsize=workers)
         self._threads = [threading.Thread(target=self._work, name="fenced-k8s-delete", daemon=True)
                          for _ in range(max(1, workers))]
         for thread in self._threads:
