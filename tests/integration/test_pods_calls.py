@@ -41,12 +41,12 @@ def paged(kube, tmp_path):
     return api, namespace
 
 
-def _lists(kube, namespace: str, expected: int) -> int:
-    """List calls in ``namespace``, once ``expected`` are on record or 3 s have passed (the real
+def _calls(kube, verb: str, namespace: str, expected: int) -> int:
+    """``verb`` calls in ``namespace``, once ``expected`` are on record or 3 s have passed (the real
     apiserver writes its audit log when a response completes)."""
     deadline = time.monotonic() + 3
     while True:
-        found = sum(1 for e in kube.audit() if e.get("verb") == "list" and e.get("namespace") == namespace)
+        found = sum(1 for e in kube.audit() if e.get("verb") == verb and e.get("namespace") == namespace)
         if found >= expected or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
@@ -59,7 +59,7 @@ def test_every_page_in_order_one_list_call_each(kube, paged, prefetch):
              for page in pods.list_pages(api, namespace, label_selector=LABEL, page_size=PAGE, prefetch=prefetch)]
     assert sorted(name for page in pages for name in page) == [f"p{i}" for i in range(PODS)]
     assert [len(page) for page in pages] == [3, 3, 1]
-    assert _lists(kube, namespace, len(pages)) == len(pages)  # none beyond the last page
+    assert _calls(kube, "list", namespace, len(pages)) == len(pages)  # none beyond the last page
 
 
 def test_a_failed_page_is_raised_to_the_caller_after_the_pages_before_it(kube, needs_faults, paged):
@@ -76,15 +76,6 @@ def _refs(api, namespace: str) -> list:
     return [ref for page in pods.list_pages(api, namespace, label_selector=LABEL) for ref in page]
 
 
-def _deletes(kube, namespace: str, expected: int) -> int:
-    deadline = time.monotonic() + 3
-    while True:
-        found = sum(1 for e in kube.audit() if e.get("verb") == "delete" and e.get("namespace") == namespace)
-        if found >= expected or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
-
-
 def test_deletes_delete_each_submitted_pod_once_and_report_its_outcome(kube, paged):
     api, namespace = paged
     refs = _refs(api, namespace)
@@ -95,7 +86,7 @@ def test_deletes_delete_each_submitted_pod_once_and_report_its_outcome(kube, pag
     deletes.close()
     assert outcomes == {ref.name: True for ref in refs}
     assert _refs(api, namespace) == []
-    assert _deletes(kube, namespace, PODS) == PODS
+    assert _calls(kube, "delete", namespace, PODS) == PODS
 
 
 def test_deletes_keep_the_uid_precondition_and_survive_a_failing_report(kube, paged):
@@ -156,9 +147,3 @@ def test_protobuf_pages_read_exactly_what_json_pages_read(kube, paged, monkeypat
     assert by_name["odd"].launch is None and not by_name["odd"].deleting
     assert all(ref.uid and ref.namespace == namespace for ref in from_protobuf)
 
-
-@pytest.mark.parametrize("body", [b"", b"k8s\x00", b"k8s\x00\x12\x05ab", b"k8s\x00\x12\x02\x12\x7f", b"{}",
-                                  b"k8s\x00\x12\x01\xff", b"k8s\x00\x13"])
-def test_a_malformed_protobuf_page_is_an_error_never_a_page(body):
-    with pytest.raises(ValueError):
-        metadata_pb.decode_list(body)

@@ -5,6 +5,7 @@ this covers the byte-level reading."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, strategies as st
 
 from fenced_k8s_executor import metadata_pb
@@ -70,3 +71,10 @@ def test_arbitrary_bytes_decode_or_raise_value_error(body):
         metadata_pb.decode_list(metadata_pb.MAGIC + body)
     except ValueError:
         pass
+
+
+@pytest.mark.parametrize("body", [b"", b"k8s\x00", b"k8s\x00\x12\x05ab", b"k8s\x00\x12\x02\x12\x7f", b"{}",
+                                  b"k8s\x00\x12\x01\xff", b"k8s\x00\x13"])
+def test_a_malformed_page_is_an_error_never_a_page(body):
+    with pytest.raises(ValueError):
+        metadata_pb.decode_list(body)
