@@ -22,23 +22,29 @@ QUEUE_BLOCK = (("stock", "fenced", "fenced", "stock") * 2, ("fenced", "stock", "
 def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
     """Wall time of ``trigger_tasks`` for ``workloads`` queued workloads: the scheduler's
     ``execute_async`` per workload (stock: build the KubernetesJob and put it on the Manager
-    queue; fenced: the same plus its LaunchBook entry). A repetition is a ``QUEUE_BLOCK``; the
-    real (Manager) task queue is drained, untimed, after each run.
+    queue; fenced: the same plus its LaunchBook entry). A repetition is a ``QUEUE_BLOCK`` run by a
+    new pair of executors (started in alternating order); the real (Manager) task queue is
+    drained, untimed, after each run. New executors per repetition because an executor's queue
+    time depends on the executor instance, whatever its kind: with five executors in one process
+    (stock, fenced, fenced with fencing off, stock, fenced) two were ~25 % slower than the other
+    three for the whole run, one of them stock. With one pair for the whole run, the ratio
+    measured which kind drew the slow instance.
     Also the time of ``queue_workload`` (BaseExecutor's, the same for both) for reference."""
-    execs = {kind: lab.executor(kind, namespace=f"bench-queue-{kind}") for kind in ("stock", "fenced")}
-    tis = {kind: lab.queued_tis(workloads, ex.job_id, f"queue_{kind}") for kind, ex in execs.items()}
     raw: dict = {"stock": [], "fenced": []}
-    for kind in ("stock", "fenced"):  # warm-up
-        with profiled(lab, f"queue_trigger_tasks_{kind}"):
-            _queue_once(execs[kind], tis[kind], workloads)
     for rep in range(reps):
+        order = ("stock", "fenced") if rep % 2 == 0 else ("fenced", "stock")
+        execs = {kind: lab.executor(kind, namespace=f"bench-queue-{kind}") for kind in order}
+        tis = {kind: lab.queued_tis(workloads, ex.job_id, f"queue_{kind}_{rep}") for kind, ex in execs.items()}
+        for kind in order:  # warm-up
+            with profiled(lab, f"queue_trigger_tasks_{kind}") if rep == 0 else _null():
+                _queue_once(execs[kind], tis[kind], workloads)
         runs: dict = {"stock": [], "fenced": []}
         for kind in QUEUE_BLOCK[rep % 2]:
             runs[kind].append(_queue_once(execs[kind], tis[kind], workloads))
         for kind, mine in runs.items():
             raw[kind].append(min(mine, key=lambda run: run["seconds"]))
-    for ex in execs.values():
-        lab.end_executor(ex)
+        for ex in execs.values():
+            lab.end_executor(ex)
     secs = {k: median([x["seconds"] for x in v]) for k, v in raw.items()}
     sp = spread([x["seconds"] for x in raw["stock"]], [x["seconds"] for x in raw["fenced"]])
     progress(f"queue time, {workloads} workloads: stock {secs['stock']:.3f}s, fenced {secs['fenced']:.3f}s,"
