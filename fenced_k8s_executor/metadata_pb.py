@@ -39,22 +39,20 @@ def decode_list(body: bytes) -> tuple[list[dict], str | None]:
     view = memoryview(body)
     raw = None
     for number, start, end in _fields(view, len(MAGIC), len(view)):
-        if number == _UNKNOWN_RAW and end is not None:
+        if number == _UNKNOWN_RAW:
             raw = (start, end)
     if raw is None:
         raise ValueError("protobuf envelope without a body")
     items: list[dict] = []
     token = None
     for number, start, end in _fields(view, *raw):
-        if end is None:
-            continue
         if number == _LIST_META:
             for field, s, e in _fields(view, start, end):
-                if field == _LIST_CONTINUE and e is not None:
+                if field == _LIST_CONTINUE:
                     token = _text(view, s, e)
         elif number == _LIST_ITEMS:
             for field, s, e in _fields(view, start, end):
-                if field == _ITEM_META and e is not None:
+                if field == _ITEM_META:
                     items.append(_object_meta(view, s, e))
     return items, token or None
 
@@ -63,8 +61,6 @@ def _object_meta(view: memoryview, start: int, end: int) -> dict:
     meta: dict = {}
     annotations: dict[str, str] = {}
     for number, s, e in _fields(view, start, end):
-        if e is None:
-            continue
         if number == _NAME:
             meta["name"] = _text(view, s, e)
         elif number == _NAMESPACE:
@@ -76,8 +72,6 @@ def _object_meta(view: memoryview, start: int, end: int) -> dict:
         elif number == _ANNOTATIONS:
             key = value = ""
             for field, fs, fe in _fields(view, s, e):
-                if fe is None:
-                    continue
                 if field == 1:
                     key = _text(view, fs, fe)
                 elif field == 2:
@@ -91,8 +85,9 @@ def _text(view: memoryview, start: int, end: int) -> str:
     return str(view[start:end], "utf-8")
 
 
-def _fields(view: memoryview, pos: int, end: int) -> Iterator[tuple[int, int, int | None]]:
-    """(field number, start, end) of each field in view[pos:end]; end is None for a scalar."""
+def _fields(view: memoryview, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(field number, start, end) of each length-delimited field in view[pos:end] (strings and
+    messages: every field a fence reads); scalars are skipped."""
     while pos < end:
         key, pos = _varint(view, pos, end)
         wire = key & 7
@@ -104,13 +99,10 @@ def _fields(view: memoryview, pos: int, end: int) -> Iterator[tuple[int, int, in
             pos += size
         elif wire == _VARINT:
             _, pos = _varint(view, pos, end)
-            yield key >> 3, pos, None
         elif wire == _FIXED64:
             pos += 8
-            yield key >> 3, pos, None
         elif wire == _FIXED32:
             pos += 4
-            yield key >> 3, pos, None
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
     if pos != end:
