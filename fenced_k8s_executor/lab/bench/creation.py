@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 import math
 import pickle
 import queue
@@ -36,7 +37,7 @@ def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
         execs = {kind: lab.executor(kind, namespace=f"bench-queue-{kind}") for kind in order}
         tis = {kind: lab.queued_tis(workloads, ex.job_id, f"queue_{kind}_{rep}") for kind, ex in execs.items()}
         for kind in order:  # warm-up
-            with profiled(lab, f"queue_trigger_tasks_{kind}") if rep == 0 else _null():
+            with profiled(lab, f"queue_trigger_tasks_{kind}") if rep == 0 else nullcontext():
                 _queue_once(execs[kind], tis[kind], workloads)
         runs: dict = {"stock": [], "fenced": []}
         for kind in QUEUE_BLOCK[rep % 2]:
@@ -78,14 +79,6 @@ def _queue_once(ex, tis: list, workloads: int) -> dict:
         raise RuntimeError(f"{type(ex).__name__}: {queued} of {workloads} jobs queued")
     return {"seconds": seconds, "cpu_seconds": cpu, "queue_workload_seconds": q1 - q0, "job_pickle_bytes": size,
             "job_pickle_seconds": pickle_seconds}
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return None
 
 
 def _drain(ex) -> int:
@@ -175,7 +168,7 @@ def launch(lab: Lab, pods: int, reps: int, batch_size: int) -> dict:
         raw: dict = {"stock": [], "fenced": []}
         warm = [(-1, "stock"), (-1, "fenced")]
         for rep, kind in warm + list(interleaved(reps)):
-            with profiled(lab, f"launch_{mode}_{kind}") if rep == -1 else _null(), quiet_gc():
+            with profiled(lab, f"launch_{mode}_{kind}") if rep == -1 else nullcontext(), quiet_gc():
                 sample = _launch_once(lab, execs[kind], pods if rep >= 0 else batch_size, batch_size)
             if rep >= 0:
                 raw[kind].append(sample)

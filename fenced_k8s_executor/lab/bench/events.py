@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 import time
 
-from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interleaved, median, percentile, profiled,
-                                               progress, quiet_gc, spread, workload, write_profile)
+from fenced_k8s_executor.lab.bench.env import (KINDS, Lab, fmt_spread, forget, interleaved, median, percentile,
+                                               profiled, progress, quiet_gc, spread, workload, write_profile)
 
 
 def state_change(lab: Lab, events: int, reps: int) -> dict:
@@ -87,9 +88,6 @@ def _state_once(lab: Lab, ex, watches: list, mode: str) -> dict:
         raise RuntimeError(f"{type(ex).__name__}: {done} of {len(watches)} results applied")
     return {"seconds": seconds, "fence_seconds": fence[0], "db": db, "api_calls": len(calls),
             "api_reads": sum(1 for c in calls if c.get("verb") == "get")}
-
-
-KINDS = ("stock", "fenced")
 
 
 def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: float, max_running: int,
@@ -257,7 +255,7 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> 
         for i, kind in interleaved(syncs):
             ex = execs[kind]
             before = lab.trips.snapshot()
-            with profiled(lab, f"inflight_{n}_sync_{kind}") if i == 0 else _null(), quiet_gc():
+            with profiled(lab, f"inflight_{n}_sync_{kind}") if i == 0 else nullcontext(), quiet_gc():
                 s0, c0 = time.perf_counter(), time.process_time()
                 ex.sync()
                 seconds, cpu = time.perf_counter() - s0, time.process_time() - c0
@@ -281,11 +279,3 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> 
             forget(ex)
             lab.end_executor(ex)
     return out
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return None
