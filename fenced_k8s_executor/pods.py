@@ -105,8 +105,8 @@ def delete(kube_client: Any, ref: PodRef, request_args: Mapping | None = None) -
 
 class Deletes:
     """Guarded deletes run by a few daemon threads, so a sweep goes on listing while the API
-    server commits them (on a real kube-apiserver 1,000 deletes took 3.7 s one at a time and
-    1.9 s eight at a time). ``submit(ref, then)`` calls ``then(result of delete)`` in a worker.
+    server commits them (on a real kube-apiserver 1,000 deletes took 3.7 s one at a time, 2.1 s
+    with four workers and 1.9 s with eight). ``submit(ref, then)`` calls ``then(result of delete)`` in a worker.
 
     Bounded: ``submit`` blocks while ``workers`` deletes wait, so few refs are ever held. Daemon
     threads: a stopping scheduler never waits on a hung delete. The kubernetes client's default
