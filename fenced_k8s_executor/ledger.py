@@ -34,7 +34,8 @@ def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
 
     PostgreSQL: the exact tasks, joined on the unique (dag_id, task_id, run_id, map_index) index,
     one probe per task. Elsewhere: ``(dag_id, run_id) IN (...) AND task_id IN (...)``, filtered
-    to the exact tasks here. Runs on a plain connection (no ORM unit of work).
+    to the exact tasks here. Runs on a plain connection (no ORM unit of work), in autocommit on
+    PostgreSQL (one statement, its own snapshot).
 
     Raises on DB errors: callers treat an error as "no evidence", never as "gone".
     """
@@ -56,7 +57,10 @@ def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
 def _read_postgresql(engine: Any, tasks: list) -> list:
     dag_ids, task_ids, run_ids, map_indexes = (list(column) for column in zip(*tasks))
     params = {"dag_ids": dag_ids, "task_ids": task_ids, "run_ids": run_ids, "map_indexes": map_indexes}
-    with engine.connect() as conn:
+    # One statement needs no transaction: autocommit spares psycopg2's BEGIN and the ROLLBACK on
+    # close (two of the four round trips with the pool's pre-ping); SQLAlchemy restores the
+    # pooled connection's isolation level when it is returned.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         return conn.exec_driver_sql(_postgresql_statement(engine), params).fetchall()
 
 

@@ -39,3 +39,27 @@ def test_postgresql_read_finds_what_the_portable_read_finds(metadata_db, airflow
         assert ledger.read_rows([None]) == {}
     finally:
         airflow.retire(dag_id)
+
+
+def test_postgresql_read_runs_without_a_transaction_and_returns_the_connection_as_it_found_it(metadata_db):
+    """Autocommit spares psycopg2's BEGIN and ROLLBACK round trips; the pooled connection must
+    go back to Airflow's sessions in its own transactional mode."""
+    from sqlalchemy import event
+
+    from airflow import settings
+
+    used = []
+
+    def on_statement(conn, cursor, statement, parameters, context, executemany):
+        used.append((cursor.connection, cursor.connection.autocommit))
+
+    event.listen(settings.engine, "before_cursor_execute", on_statement)
+    try:
+        assert ledger.read_rows([("no_such_dag", "a", "no-such-run", -1)]) == {}
+    finally:
+        event.remove(settings.engine, "before_cursor_execute", on_statement)
+
+    (dbapi_connection, autocommit), = used
+    assert autocommit is True
+    assert dbapi_connection.autocommit is False
+    assert dbapi_connection.get_transaction_status() == 0  # psycopg2 TRANSACTION_STATUS_IDLE

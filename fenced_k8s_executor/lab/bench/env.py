@@ -90,8 +90,8 @@ class RoundTrips:
     """SQLAlchemy event listeners on Airflow's engine: what really goes over the wire.
 
     ``statements`` are cursor executes (before_cursor_execute); psycopg2 also sends BEGIN before a
-    transaction's first statement and COMMIT/ROLLBACK at its end, and with ``pool_pre_ping`` every
-    pool checkout pings the server (SELECT 1, not seen by cursor events).
+    transaction's first statement and COMMIT/ROLLBACK at its end (none in autocommit), and with
+    ``pool_pre_ping`` every pool checkout pings the server (SELECT 1, not seen by cursor events).
     """
 
     def __init__(self, engine: Any):
@@ -103,13 +103,22 @@ class RoundTrips:
         self.texts: list[str] = []
         self.keep_texts = False
         event.listen(engine, "before_cursor_execute", self._on_stmt)
-        event.listen(engine, "begin", lambda conn: self._bump("begin"))
-        event.listen(engine, "commit", lambda conn: self._bump("commit"))
-        event.listen(engine, "rollback", lambda conn: self._bump("rollback"))
+        event.listen(engine, "begin", lambda conn: self._bump_sent("begin", conn))
+        event.listen(engine, "commit", lambda conn: self._bump_sent("commit", conn))
+        event.listen(engine, "rollback", lambda conn: self._bump_sent("rollback", conn))
         event.listen(engine.pool, "checkout", lambda *a: self._bump("checkout"))
 
     def _bump(self, name: str) -> None:
         self.counts[name] += 1
+
+    def _bump_sent(self, name: str, conn: Any) -> None:
+        """Transaction events reach the wire only outside autocommit (psycopg2 sends nothing then)."""
+        try:
+            autocommit = bool(conn.connection.dbapi_connection.autocommit)
+        except Exception:
+            autocommit = False
+        if not autocommit:
+            self._bump(name)
 
     def _on_stmt(self, conn, cursor, statement, parameters, context, executemany) -> None:
         self.counts["statements"] += 1
