@@ -41,8 +41,12 @@ def test_bench_smoke_writes_all_figures(tmp_path):
     assert set(figures["launch_throughput_ratio"]) == {"sequential", "concurrent"}
     # every ratio has its spread, under the same key
     spreads = figures["ratio_spreads"]
-    for key in ("queue_time_ratio", "sync_p50_ratio", "sync_p99_ratio"):
+    for key in ("queue_time_ratio", "sync_p50_ratio", "sync_p99_ratio", "queue_time_aa_ratio", "sync_p99_aa_ratio",
+                "sync_p99_single_ratio"):
         assert set(spreads[key]) >= {"median", "min", "max", "per_rep", "reps"}, key
+    # the noise floor (two executors of one kind) is reported beside a ratio target, not counted in it
+    queue_target = next(t for t in figures["targets"] if t["target"].startswith("queue time"))
+    assert set(queue_target["aa"]) == {"median", "min", "max", "reps", "meets"}
     assert set(spreads["launch_throughput_ratio"]) == {"sequential", "concurrent"}
     # one statement per loop for the in-flight reconcile, none for stock
     assert {n: v["fenced"] for n, v in figures["loop_statements_per_sync"].items()} == {"4": 1, "16": 1}

@@ -112,6 +112,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["queue_job_pickle_us"] = r["job_pickle_us"]
             spreads["queue_time_ratio"] = r["spread"]
             spreads["queue_time_cpu_ratio"] = r["cpu_spread"]
+            spreads["queue_time_aa_ratio"] = r["aa_spread"]
         _checkpoint(args, backend, result, spreads, raw)
         if "precreate" in only:
             progress("pre-creation check")
@@ -197,6 +198,9 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             spreads["sync_p99_ratio"] = r["spread"]["p99"]
             spreads["sync_p50_cpu_ratio"] = r["spread"]["cpu_p50"]
             spreads["sync_p99_cpu_ratio"] = r["spread"]["cpu_p99"]
+            for q in ("p50", "p99"):
+                spreads[f"sync_{q}_aa_ratio"] = r["spread"][f"{q}_aa"]
+                spreads[f"sync_{q}_single_ratio"] = r["spread"][f"{q}_single"]
             result["sync_statements_per_sync"] = r["statements_per_sync"]
             result["sync_wire_round_trips_per_sync"] = r["wire_per_sync"]
             result["sync_api_calls_per_sync"] = r["api_calls_per_sync"]

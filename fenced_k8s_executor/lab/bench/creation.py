@@ -17,29 +17,34 @@ from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interlea
 #: counting (timeit's ``repeat``; a run is ~0.1 s). Successive runs alternated fast and slow by
 #: up to 15 % whichever executor ran (cause not pinned down; the allocator's state is the likely
 #: one), so a kind timed once per repetition landed on the slow phase in every other pair.
-QUEUE_BLOCK = (("stock", "fenced", "fenced", "stock") * 2, ("fenced", "stock", "stock", "fenced") * 2)
+#: ``control`` is a second stock executor (the A/A noise floor: control/stock), placed so that
+#: every executor's runs sit, on average, at the same point of the block.
+QUEUE_BLOCK = (("stock", "fenced", "control", "control", "fenced", "stock") * 2,
+               ("fenced", "stock", "control", "control", "stock", "fenced") * 2)
 
 
 def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
     """Wall time of ``trigger_tasks`` for ``workloads`` queued workloads: the scheduler's
     ``execute_async`` per workload (stock: build the KubernetesJob and put it on the Manager
-    queue; fenced: the same plus its LaunchBook entry). A repetition is a ``QUEUE_BLOCK`` run by a
-    new pair of executors (started in alternating order); the real (Manager) task queue is
-    drained, untimed, after each run. New executors per repetition because an executor's queue
-    time depends on the executor instance, whatever its kind: with five executors in one process
-    (stock, fenced, fenced with fencing off, stock, fenced) two were ~25 % slower than the other
-    three for the whole run, one of them stock. With one pair for the whole run, the ratio
-    measured which kind drew the slow instance.
+    queue; fenced: the same plus its LaunchBook entry). A repetition is a ``QUEUE_BLOCK`` run by
+    new executors (stock, fenced and a second stock one, the control, started in alternating
+    order); the real (Manager) task queue is drained, untimed, after each run. control/stock is
+    the noise floor the fenced/stock ratio is read against. New executors per repetition because
+    an executor's queue time depends on the executor instance, whatever its kind: with five
+    executors in one process (stock, fenced, fenced with fencing off, stock, fenced) two were
+    ~25 % slower than the other three for the whole run, one of them stock. With one pair for
+    the whole run, the ratio measured which kind drew the slow instance.
     Also the time of ``queue_workload`` (BaseExecutor's, the same for both) for reference."""
-    raw: dict = {"stock": [], "fenced": []}
+    raw: dict = {"stock": [], "fenced": [], "control": []}
     for rep in range(reps):
-        order = ("stock", "fenced") if rep % 2 == 0 else ("fenced", "stock")
-        execs = {kind: lab.executor(kind, namespace=f"bench-queue-{kind}") for kind in order}
+        order = ("stock", "control", "fenced") if rep % 2 == 0 else ("fenced", "control", "stock")
+        execs = {kind: lab.executor("stock" if kind == "control" else kind, namespace=f"bench-queue-{kind}")
+                 for kind in order}
         tis = {kind: lab.queued_tis(workloads, ex.job_id, f"queue_{kind}_{rep}") for kind, ex in execs.items()}
         for kind in order:  # warm-up
             with profiled(lab, f"queue_trigger_tasks_{kind}") if rep == 0 else nullcontext():
                 _queue_once(execs[kind], tis[kind], workloads)
-        runs: dict = {"stock": [], "fenced": []}
+        runs: dict = {kind: [] for kind in raw}
         for kind in QUEUE_BLOCK[rep % 2]:
             runs[kind].append(_queue_once(execs[kind], tis[kind], workloads))
         for kind, mine in runs.items():
@@ -48,11 +53,12 @@ def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
             lab.end_executor(ex)
     secs = {k: median([x["seconds"] for x in v]) for k, v in raw.items()}
     sp = spread([x["seconds"] for x in raw["stock"]], [x["seconds"] for x in raw["fenced"]])
+    aa = spread([x["seconds"] for x in raw["stock"]], [x["seconds"] for x in raw["control"]])
     progress(f"queue time, {workloads} workloads: stock {secs['stock']:.3f}s, fenced {secs['fenced']:.3f}s,"
-             f" ratio {fmt_spread(sp)}")
+             f" ratio {fmt_spread(sp)}; A/A (second stock executor / stock) {fmt_spread(aa)}")
     cpu_sp = spread([x["cpu_seconds"] for x in raw["stock"]], [x["cpu_seconds"] for x in raw["fenced"]])
     return {"raw": raw, "workloads": workloads, "seconds": secs, "ratio": sp["median"], "spread": sp,
-            "cpu_spread": cpu_sp,
+            "cpu_spread": cpu_sp, "aa_spread": aa,
             "job_pickle_bytes": {k: v[0]["job_pickle_bytes"] for k, v in raw.items()},
             "job_pickle_us": {k: median([x["job_pickle_seconds"] for x in v]) * 1e6 for k, v in raw.items()},
             "us_per_workload": {k: v / workloads * 1e6 for k, v in secs.items()}}

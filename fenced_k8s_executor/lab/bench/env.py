@@ -72,7 +72,11 @@ def spread(stock: list[float], fenced: list[float]) -> dict:
     """fenced/stock per repetition (rep i's stock sample with rep i's fenced sample, both taken
     back to back in ABBA order), and their median, min and max. A target is met only when the
     whole spread (min..max) meets it."""
-    per = [f / s if s else float("nan") for s, f in zip(stock, fenced)]
+    return ratio_spread([f / s if s else float("nan") for s, f in zip(stock, fenced)])
+
+
+def ratio_spread(per: list[float]) -> dict:
+    """Median, min and max of per-repetition ratios."""
     return {"median": median(per), "min": min(per) if per else float("nan"),
             "max": max(per) if per else float("nan"), "per_rep": per, "reps": len(per)}
 

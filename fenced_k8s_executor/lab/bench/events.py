@@ -6,7 +6,8 @@ from contextlib import nullcontext
 import time
 
 from fenced_k8s_executor.lab.bench.env import (KINDS, Lab, fmt_spread, forget, interleaved, median, percentile,
-                                               profiled, progress, quiet_gc, spread, workload, write_profile)
+                                               profiled, progress, quiet_gc, ratio_spread, spread, workload,
+                                               write_profile)
 
 
 def state_change(lab: Lab, events: int, reps: int) -> dict:
@@ -103,7 +104,9 @@ def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: flo
     etcd share its two cores) moved a kind's p50 by up to 2.5x from one run to the next, more than
     any difference between the kinds; within one window both kinds see the same machine.
     One untimed warm-up repetition first (mapper configuration, first pod build, pooled
-    connections). Per repetition and kind: p50/p99, DB statements and API calls per sync."""
+    connections). Per repetition and kind: p50/p99, DB statements and API calls per sync. The
+    noise floor: each executor's p50/p99 over its own syncs, one executor of a kind against the
+    other (A/A) beside fenced against stock at that same sample size."""
     with quiet_gc():
         _loop_window(lab, -1, 4 * per_loop, heartbeat, max_running, per_loop)
     raw: dict = {"stock": [], "fenced": []}
@@ -130,9 +133,16 @@ def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: flo
         out.setdefault("api_verbs", {})[kind] = samples[0]["api_verbs"]
     out["spread"] = {q: spread([x[q] for x in raw["stock"]], [x[q] for x in raw["fenced"]])
                      for q in ("p50", "p99", "cpu_p50", "cpu_p99")}
+    for q in ("p50", "p99"):  # the noise floor, at one executor's syncs (half a kind's)
+        by = f"{q}_by_executor"
+        out["spread"][f"{q}_aa"] = ratio_spread([x[by][1] / x[by][0] for kind in KINDS for x in raw[kind]])
+        out["spread"][f"{q}_single"] = ratio_spread([f[by][i] / s[by][i] for s, f in zip(raw["stock"], raw["fenced"])
+                                                     for i in (0, 1)])
     out["p50_ratio"] = out["spread"]["p50"]["median"]
     out["p99_ratio"] = out["spread"]["p99"]["median"]
-    progress(f"scheduler loop: p50 ratio {fmt_spread(out['spread']['p50'])}, p99 ratio {fmt_spread(out['spread']['p99'])}")
+    progress(f"scheduler loop: p50 ratio {fmt_spread(out['spread']['p50'])}, p99 ratio {fmt_spread(out['spread']['p99'])};"
+             f" one executor against another: p99 fenced/stock {fmt_spread(out['spread']['p99_single'])},"
+             f" A/A (same kind) {fmt_spread(out['spread']['p99_aa'])}")
     return out
 
 
@@ -151,7 +161,8 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
             arrivals[kind].append([tis[i:i + per_loop] for i in range(0, len(tis), per_loop)])
             for ti in tis:
                 ti_of[(ti.dag_id, ti.task_id, ti.run_id)] = str(ti.id)
-    m: dict = {kind: {"syncs": [], "cpus": [], "statements": [], "wire": [], "done": set()} for kind in KINDS}
+    m: dict = {kind: {"syncs": [], "cpus": [], "statements": [], "wire": [], "done": set(), "by_ex": [[], []]}
+               for kind in KINDS}
     mark = lab.audit_mark()
     profs: dict = {}
     if lab.profile_dir is not None and rep == 0:  # the syncs only, not the benchmark's own work
@@ -166,7 +177,7 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
     while (loop < loops or any(len(m[k]["done"]) < 2 * per for k in KINDS)) and time.monotonic() < deadline:
         timed = loop < loops  # the arrival loops; the drain after them only lets the run finish
         for kind in (KINDS if loop % 4 in (0, 3) else KINDS[::-1]):
-            for ex, arriving in zip(execs[kind], arrivals[kind]):
+            for i, (ex, arriving) in enumerate(zip(execs[kind], arrivals[kind])):
                 if loop < len(arriving):
                     for ti in arriving[loop]:
                         ex.queue_workload(workload(ti), session=None)
@@ -183,6 +194,7 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
                 db = lab.trips.since(before)
                 if timed:
                     m[kind]["syncs"].append(seconds)
+                    m[kind]["by_ex"][i].append(seconds)
                     m[kind]["cpus"].append(cpu)
                     m[kind]["statements"].append(db["statements"])
                     m[kind]["wire"].append(db["wire"])
@@ -222,6 +234,8 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
         n = max(1, len(k["syncs"]))
         out[kind] = {"syncs": k["syncs"], "statements": k["statements"], "seconds": seconds, "done": len(k["done"]),
                      "p50": percentile(k["syncs"], 50), "p99": percentile(k["syncs"], 99),
+                     "p50_by_executor": [percentile(x, 50) for x in k["by_ex"]],
+                     "p99_by_executor": [percentile(x, 99) for x in k["by_ex"]],
                      "cpu_p50": percentile(k["cpus"], 50), "cpu_p99": percentile(k["cpus"], 99),
                      "statements_per_sync": sum(k["statements"]) / n, "wire_per_sync": sum(k["wire"]) / n,
                      "api_calls_per_sync": len(calls) / n, "api_verbs": verbs}
