@@ -14,6 +14,7 @@ REQUIRED_EXECUTOR_HOOKS = (
     "sync",
     "end",
     "execute_async",
+    "_process_workloads",
     "_should_create_pod_for_job",
     "_discard_stale_pod_creation_task",
     "_create_pods_sequentially",

@@ -59,6 +59,7 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         self._loop_rows: tuple[set, dict] | None = None  # this loop's one read: (tasks covered, rows)
         self._claim_lifetime = 600.0
         self._adopting: dict = {}  # key -> TI, during try_adopt_task_instances
+        self._queued_batch: list | None = None  # (key, workload) queued by this trigger_tasks
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -182,24 +183,45 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         stamp.stamp(pod, launch, self._planned_name(job, launch), program)
         return pod
 
+    def _process_workloads(self, workloads: Any) -> None:
+        """Stock queueing; the launches' bookkeeping once for the batch, after the provider's
+        loop: done per workload, between its Manager round trips, the same few lookups cost
+        ~4.5 us each instead of <1 us."""
+        if self.fence is None or self.fence.mode is config.Mode.OFF:
+            return super()._process_workloads(workloads)
+        self._queued_batch = []
+        try:
+            super()._process_workloads(workloads)
+        finally:
+            batch, self._queued_batch = self._queued_batch, None
+            self._record_queued(batch)
+
     def execute_async(self, key: Any, command: Any, queue: str | None = None, executor_config: Any = None) -> None:
         """Stock queueing plus the launch's bookkeeping. The job goes on the task queue as stock
         builds it: the identity is stamped on the pod once the provider has built it
         (``_stamped``); a pod override pickled through the provider's Manager queue per workload
         made queueing several times slower than stock."""
+        super().execute_async(key, command, queue, executor_config)
         workload = workload_of(command)
         if self.fence is None or self.fence.mode is config.Mode.OFF or workload is None:
-            return super().execute_async(key, command, queue, executor_config)
-        super().execute_async(key, command, queue, executor_config)
-        token = as_token(workload.ti.external_executor_id)
-        if key in self.running:
-            self.book.queued(key, token)  # legacy launches too: their slot is theirs alone
-        if token:
-            # No token info at all: the scheduler writes QUEUED/RUNNING info into
-            # external_executor_id by task, so a late event would overwrite a newer launch's
-            # token (b5). The scheduler's own pre-assigned value is the token.
-            if self.event_buffer.get(key) == (QUEUED, self.scheduler_job_id):
+            return
+        if self._queued_batch is not None:
+            self._queued_batch.append((key, workload))  # recorded when the batch is done
+        else:
+            self._record_queued([(key, workload)])
+
+    def _record_queued(self, batch: list) -> None:
+        holders = []
+        for key, workload in batch:
+            token = as_token(workload.ti.external_executor_id)
+            if key in self.running:
+                holders.append((key, token))  # legacy launches too: their slot is theirs alone
+            if token and self.event_buffer.get(key) == (QUEUED, self.scheduler_job_id):
+                # No token info at all: the scheduler writes QUEUED/RUNNING info into
+                # external_executor_id by task, so a late event would overwrite a newer launch's
+                # token (b5). The scheduler's own pre-assigned value is the token.
                 self.event_buffer.pop(key, None)
+        self.book.queued_all(holders)
 
     def _arm(self, job: KubernetesJob, launch: LaunchIdentity) -> None:
         """Right before a pod is created for a current launch (never for a dropped one): mint the

@@ -49,9 +49,15 @@ class LaunchBook:
 
     def queued(self, key: Hashable, token: str | None) -> None:
         """The executor put ``key`` in ``running`` for the launch of ``token`` (execute_async;
-        None: a legacy launch). Only the token: this runs per workload in the scheduler's loop."""
+        None: a legacy launch)."""
+        self.queued_all([(key, token)])
+
+    def queued_all(self, pairs: Iterable[tuple[Hashable, str | None]]) -> None:
+        """``queued`` for a whole trigger_tasks batch, under one lock. Only the tokens: this runs
+        for every workload the scheduler queues."""
         with self._lock:
-            self._holders[key] = token or ""
+            for key, token in pairs:
+                self._holders[key] = token or ""
 
     def created(self, key: Hashable, name: str, namespace: str, launch: LaunchIdentity) -> None:
         """A pod was created for ``launch``: it is pending until it reports Running or finishes."""

@@ -1,6 +1,7 @@
 """The drop-in contract: user pod customisation survives, legacy rows and pods get the stock
 treatment, audit mode reports without acting, off mode is the stock executor, bad options stop
-the executor at start, and Airflow sees the package as a provider."""
+the executor at start, Airflow sees the package as a provider, and every queued launch is
+recorded whichever way execute_async is reached."""
 
 from __future__ import annotations
 
@@ -133,3 +134,23 @@ def test_airflow_lists_the_provider_and_its_config_section(metadata_db):
     section = subprocess.run([*env_cmd, "config", "get-value", "fenced_kubernetes_executor", "mode"],
                              capture_output=True, text=True, timeout=120)
     assert section.returncode == 0 and section.stdout.strip() == "enforce", section.stderr[-2000:]
+
+
+@pytest.mark.parametrize("path", ["trigger_tasks", "execute_async alone"])
+def test_every_queued_launch_is_recorded_and_its_queued_event_dropped(world, path):
+    """The launch's bookkeeping (slot holder, no QUEUED event) runs once per trigger_tasks batch,
+    after the provider's loop; execute_async called on its own records at once."""
+    sched = world.scheduler("fenced")
+    executor = sched.executor
+    if path == "trigger_tasks":
+        world.queue(sched)
+    else:
+        world.queue(sched, trigger=False)
+        for key, workload in list(executor.queued_tasks.items()):  # as the provider's loop would
+            del executor.queued_tasks[key]
+            executor.running.add(key)
+            executor.execute_async(key=key, command=[workload])
+    row = world.row("t1")
+    assert row.token and row.key in executor.running
+    assert executor.book.holder(row.key) == row.token
+    assert row.key not in executor.event_buffer
