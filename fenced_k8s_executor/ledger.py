@@ -60,7 +60,8 @@ def _read_postgresql(engine: Any, tasks: list) -> list:
     # One statement needs no transaction: autocommit spares psycopg2's BEGIN and the ROLLBACK on
     # close (two of the four round trips with the pool's pre-ping); SQLAlchemy restores the
     # pooled connection's isolation level when it is returned.
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with engine.connect() as conn:  # closed (back to the pool) even if the option cannot be set
+        conn.execution_options(isolation_level="AUTOCOMMIT")
         return conn.exec_driver_sql(_postgresql_statement(engine), params).fetchall()
 
 
