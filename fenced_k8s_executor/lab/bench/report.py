@@ -68,8 +68,8 @@ def targets(r: dict) -> list[dict]:
     _ratio_target(out, "loop sync p99", sp.get("sync_p99_ratio"), r.get("sync_p99_ratio"), 1.0, True)
     single = sp.get("sync_p99_single_ratio")
     if single is not None:  # the same target at one executor's syncs, where the A/A floor is measured
-        _ratio_target(out, "loop sync p99, one executor's syncs", single, single["median"], 1.0, True,
-                      sp.get("sync_p99_aa_ratio"))
+        _ratio_target(out, "loop sync p99 at one executor's syncs (diagnostic: its A/A floor's sample size)", single,
+                      single["median"], 1.0, True, sp.get("sync_p99_aa_ratio"))
     secs = r.get("sweep_seconds") or {}
     if secs:
         biggest = max(secs, key=int)
