@@ -57,12 +57,19 @@ def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
 def _read_postgresql(engine: Any, tasks: list) -> list:
     dag_ids, task_ids, run_ids, map_indexes = (list(column) for column in zip(*tasks))
     params = {"dag_ids": dag_ids, "task_ids": task_ids, "run_ids": run_ids, "map_indexes": map_indexes}
-    # One statement needs no transaction: autocommit spares psycopg2's BEGIN and the ROLLBACK on
-    # close (two of the four round trips with the pool's pre-ping); SQLAlchemy restores the
-    # pooled connection's isolation level when it is returned.
-    with engine.connect() as conn:  # closed (back to the pool) even if the option cannot be set
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        return conn.exec_driver_sql(_postgresql_statement(engine), params).fetchall()
+    # One statement needs no transaction: in autocommit psycopg2 sends no BEGIN and no ROLLBACK
+    # (2 round trips with the pool's pre-ping, not 4). The DBAPI flag is flipped directly, as
+    # SQLAlchemy's own pre-ping does: its isolation_level="AUTOCOMMIT" option would leave the
+    # pooled connection with an explicit READ COMMITTED level, after which psycopg2 sends
+    # "SET default_transaction_isolation" on every later autocommit switch, Airflow's included.
+    with engine.connect() as conn:
+        dbapi = conn.connection.dbapi_connection
+        dbapi.autocommit = True
+        try:
+            return conn.exec_driver_sql(_postgresql_statement(engine), params).fetchall()
+        finally:
+            if not dbapi.closed:
+                dbapi.autocommit = False
 
 
 @functools.lru_cache(maxsize=4)

@@ -43,7 +43,7 @@ def test_postgresql_read_finds_what_the_portable_read_finds(metadata_db, airflow
 
 def test_postgresql_read_runs_without_a_transaction_and_returns_the_connection_as_it_found_it(metadata_db):
     """Autocommit spares psycopg2's BEGIN and ROLLBACK round trips; the pooled connection must
-    go back to Airflow's sessions in its own transactional mode."""
+    go back to Airflow's sessions exactly as it was (transactional, default isolation level)."""
     from sqlalchemy import event
 
     from airflow import settings
@@ -63,3 +63,6 @@ def test_postgresql_read_runs_without_a_transaction_and_returns_the_connection_a
     assert autocommit is True
     assert dbapi_connection.autocommit is False
     assert dbapi_connection.get_transaction_status() == 0  # psycopg2 TRANSACTION_STATUS_IDLE
+    # The default level, as found: an explicit one makes psycopg2 send a SET on every later
+    # autocommit switch of this connection (the pool's pre-ping included).
+    assert dbapi_connection.isolation_level is None
