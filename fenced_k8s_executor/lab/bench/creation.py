@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+import itertools
 import math
 import pickle
 import queue
@@ -21,14 +22,17 @@ from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interlea
 #: every executor's runs sit, on average, at the same point of the block.
 QUEUE_BLOCK = (("stock", "fenced", "control", "control", "fenced", "stock") * 2,
                ("fenced", "stock", "control", "control", "stock", "fenced") * 2)
+#: The order the three executors of a repetition are started in: every executor takes every
+#: place in turn (an instance's speed followed its creation order in one test, see queue_time).
+QUEUE_STARTS = tuple(itertools.permutations(("stock", "fenced", "control")))
 
 
 def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
     """Wall time of ``trigger_tasks`` for ``workloads`` queued workloads: the scheduler's
     ``execute_async`` per workload (stock: build the KubernetesJob and put it on the Manager
     queue; fenced: the same plus its LaunchBook entry). A repetition is a ``QUEUE_BLOCK`` run by
-    new executors (stock, fenced and a second stock one, the control, started in alternating
-    order); the real (Manager) task queue is drained, untimed, after each run. control/stock is
+    new executors (stock, fenced and a second stock one, the control, started in the orders of
+    ``QUEUE_STARTS``); the real (Manager) task queue is drained, untimed, after each run. control/stock is
     the noise floor the fenced/stock ratio is read against. New executors per repetition because
     an executor's queue time depends on the executor instance, whatever its kind: with five
     executors in one process (stock, fenced, fenced with fencing off, stock, fenced) two were
@@ -37,7 +41,7 @@ def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
     Also the time of ``queue_workload`` (BaseExecutor's, the same for both) for reference."""
     raw: dict = {"stock": [], "fenced": [], "control": []}
     for rep in range(reps):
-        order = ("stock", "control", "fenced") if rep % 2 == 0 else ("fenced", "control", "stock")
+        order = QUEUE_STARTS[rep % len(QUEUE_STARTS)]
         execs = {kind: lab.executor("stock" if kind == "control" else kind, namespace=f"bench-queue-{kind}")
                  for kind in order}
         tis = {kind: lab.queued_tis(workloads, ex.job_id, f"queue_{kind}_{rep}") for kind, ex in execs.items()}

@@ -96,6 +96,9 @@ class RoundTrips:
     ``statements`` are cursor executes (before_cursor_execute); psycopg2 also sends BEGIN before a
     transaction's first statement and COMMIT/ROLLBACK at its end (none in autocommit), and with
     ``pool_pre_ping`` every pool checkout pings the server (SELECT 1, not seen by cursor events).
+    Statements psycopg2 sends on its own (``SET default_transaction_isolation`` when a
+    connection with an explicit isolation level switches autocommit) are not seen either:
+    checked with strace for the fenced read (2 round trips, ping and statement).
     """
 
     def __init__(self, engine: Any):
@@ -116,12 +119,19 @@ class RoundTrips:
         self.counts[name] += 1
 
     def _bump_sent(self, name: str, conn: Any) -> None:
-        """Transaction events reach the wire only outside autocommit (psycopg2 sends nothing then)."""
+        """What psycopg2 really sends: BEGIN only outside autocommit, COMMIT/ROLLBACK only inside
+        a transaction (SQLAlchemy fires these events for its own transaction either way)."""
+        if conn.invalidated:
+            return
         try:
-            autocommit = bool(conn.connection.dbapi_connection.autocommit)
+            dbapi = conn.connection.dbapi_connection
+            if name == "begin":
+                sent = not dbapi.autocommit
+            else:
+                sent = dbapi.get_transaction_status() != 0  # not TRANSACTION_STATUS_IDLE
         except Exception:
-            autocommit = False
-        if not autocommit:
+            sent = True
+        if sent:
             self._bump(name)
 
     def _on_stmt(self, conn, cursor, statement, parameters, context, executemany) -> None:

@@ -177,7 +177,8 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
     while (loop < loops or any(len(m[k]["done"]) < 2 * per for k in KINDS)) and time.monotonic() < deadline:
         timed = loop < loops  # the arrival loops; the drain after them only lets the run finish
         for kind in (KINDS if loop % 4 in (0, 3) else KINDS[::-1]):
-            for i, (ex, arriving) in enumerate(zip(execs[kind], arrivals[kind])):
+            pairs = list(enumerate(zip(execs[kind], arrivals[kind])))
+            for i, (ex, arriving) in (pairs if loop % 2 == 0 else pairs[::-1]):  # no executor always first
                 if loop < len(arriving):
                     for ti in arriving[loop]:
                         ex.queue_workload(workload(ti), session=None)
