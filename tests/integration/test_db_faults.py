@@ -8,8 +8,11 @@ terminated (the next pool checkout's pre-ping fails).
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import contextmanager
+
+from sqlalchemy.exc import OperationalError
 
 from fenced_k8s_executor.names import TOKEN_ANNOTATION
 
@@ -47,7 +50,7 @@ def test_db_outage_before_creation_defers_the_pod_and_loses_no_task(world, pg_se
     assert pod.metadata.annotations[TOKEN_ANNOTATION] == row.token
 
 
-def test_db_outage_defers_a_finished_pods_event_and_loses_none(world, pg_server):
+def test_db_outage_defers_a_finished_pods_event_and_loses_none(world, pg_server, caplog):
     sched = world.scheduler("fenced")
     world.queue(sched)
     sched.executor.sync()
@@ -55,7 +58,9 @@ def test_db_outage_defers_a_finished_pods_event_and_loses_none(world, pg_server)
     pod = world.pod_of(row)
     with db_outage(world, pg_server):
         world.set_pod_phase(pod, "Succeeded")
-        heartbeats(sched.executor, 2.0)  # the event is judged, fails to read, and is re-queued
+        with caplog.at_level(logging.WARNING, logger="fenced_k8s_executor"):
+            assert world.sync_until(sched.executor, lambda: "state-change prefetch failed" in caplog.text, timeout=8)
+        heartbeats(sched.executor, 1.0)  # the event is judged, fails to read, and is re-queued
         assert row.key in sched.executor.running
         assert row.key not in sched.executor.event_buffer
     assert world.sync_until(sched.executor, lambda: row.key not in sched.executor.running, timeout=10)
@@ -64,7 +69,8 @@ def test_db_outage_defers_a_finished_pods_event_and_loses_none(world, pg_server)
     assert world.deletes_by(sched) == []
 
 
-def test_db_outage_stops_the_sweep_from_deleting_until_the_row_is_read(world, pg_server):
+def test_db_outage_stops_the_sweep_from_deleting(world, pg_server):
+    """A whole-DB outage stops the sweep at its advisory lock, before any read."""
     dead = world.scheduler("fenced", start=False)
     world.queue(dead, trigger=False)
     row1 = world.row("t1")
@@ -73,10 +79,44 @@ def test_db_outage_stops_the_sweep_from_deleting_until_the_row_is_read(world, pg
     world.queue(sched, trigger=False)
     stale = world.stale_pod(row1, row1.token, sched=dead)
     with db_outage(world, pg_server):
-        heartbeats(sched.executor, 2.0)  # several sweep rounds: the lock and the read fail
+        heartbeats(sched.executor, 2.0)  # several sweep rounds, each failing at its lock
         assert stale in {p.metadata.name for p in world.pods(row1)}
         assert world.deletes_by(sched) == []
     assert world.sync_until(sched.executor, lambda: stale not in {p.metadata.name for p in world.pods(row1)},
                             timeout=10)
     (delete,) = world.deletes_by(sched)
     assert delete["name"] == stale
+
+
+def test_a_failed_sweep_read_is_no_evidence(world):
+    """The lock held and the page listed, but the rows could not be read: nothing is deleted;
+    the next sweep that reads them deletes the stale pod."""
+    import inspect
+
+    from fenced_k8s_executor import ledger
+    from fenced_k8s_executor.lab.core import our_deployment
+    from fenced_k8s_executor.sweep import Sweeper
+
+    dead = world.scheduler("fenced", start=False)
+    world.queue(dead, trigger=False)
+    row1 = world.row("t1")
+    world.airflow.clear(row1)
+    peer = world.scheduler("fenced", start=False)
+    world.queue(peer, trigger=False)
+    stale = world.stale_pod(row1, row1.token, sched=dead)
+    reads = []
+
+    def failing_read(tasks):
+        reads.append(list(tasks))
+        raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+
+    params = inspect.signature(Sweeper).parameters
+    kwargs = {name: our_deployment() for name in ("deployment", "deployment_id") if name in params}
+    common = dict(kube_client=world.kube, namespaces=[world.namespace], interval=1, page_size=50, enforcing=True,
+                  **kwargs)
+    report = Sweeper(read_rows=failing_read, **common).run_once()
+    assert reads and report.errors and report.deleted == 0
+    assert stale in {p.metadata.name for p in world.pods(row1)}
+    report = Sweeper(read_rows=ledger.read_rows, **common).run_once()
+    assert report.deleted == 1
+    assert stale not in {p.metadata.name for p in world.live_pods(row1)}
