@@ -228,6 +228,23 @@ class World:
             self.set_pod_phase(name, phase, container_reason=container_reason)
         return name
 
+    def cleared_launch_pod(self, peer: Scheduler) -> tuple[Row, str]:
+        """A dead scheduler queued t1, a user cleared it (new id) and ``peer`` queued it again:
+        the dead launch's Pending pod, which only a sweep re-checks. Returns (old row, pod name)."""
+        dead = self.scheduler("fenced", start=False)
+        self.queue(dead, trigger=False)
+        row1 = self.row("t1")
+        self.airflow.clear(row1)
+        self.queue(peer, trigger=False)
+        return row1, self.stale_pod(row1, row1.token, sched=dead)
+
+    def sweeper(self, **options: Any):
+        """A Sweeper of this world's namespace for this deployment, outside any scheduler."""
+        from fenced_k8s_executor.sweep import Sweeper
+
+        return Sweeper(kube_client=self.kube, namespaces=[self.namespace], interval=1, page_size=50,
+                       enforcing=True, deployment=our_deployment(), **options)
+
     def audit(self) -> list[dict]:
         return self.backend.audit()
 

@@ -71,13 +71,8 @@ def test_db_outage_defers_a_finished_pods_event_and_loses_none(world, pg_server,
 
 def test_db_outage_stops_the_sweep_from_deleting(world, pg_server):
     """A whole-DB outage stops the sweep at its advisory lock, before any read."""
-    dead = world.scheduler("fenced", start=False)
-    world.queue(dead, trigger=False)
-    row1 = world.row("t1")
-    world.airflow.clear(row1)  # a new id, no token: the cleared launch's pod is stale once re-queued
     sched = world.scheduler("fenced", sweep_interval="0.3")
-    world.queue(sched, trigger=False)
-    stale = world.stale_pod(row1, row1.token, sched=dead)
+    row1, stale = world.cleared_launch_pod(sched)
     with db_outage(world, pg_server):
         heartbeats(sched.executor, 2.0)  # several sweep rounds, each failing at its lock
         assert stale in {p.metadata.name for p in world.pods(row1)}
@@ -91,32 +86,16 @@ def test_db_outage_stops_the_sweep_from_deleting(world, pg_server):
 def test_a_failed_sweep_read_is_no_evidence(world):
     """The lock held and the page listed, but the rows could not be read: nothing is deleted;
     the next sweep that reads them deletes the stale pod."""
-    import inspect
-
-    from fenced_k8s_executor import ledger
-    from fenced_k8s_executor.lab.core import our_deployment
-    from fenced_k8s_executor.sweep import Sweeper
-
-    dead = world.scheduler("fenced", start=False)
-    world.queue(dead, trigger=False)
-    row1 = world.row("t1")
-    world.airflow.clear(row1)
-    peer = world.scheduler("fenced", start=False)
-    world.queue(peer, trigger=False)
-    stale = world.stale_pod(row1, row1.token, sched=dead)
+    row1, stale = world.cleared_launch_pod(world.scheduler("fenced", start=False))
     reads = []
 
     def failing_read(tasks):
         reads.append(list(tasks))
         raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
 
-    params = inspect.signature(Sweeper).parameters
-    kwargs = {name: our_deployment() for name in ("deployment", "deployment_id") if name in params}
-    common = dict(kube_client=world.kube, namespaces=[world.namespace], interval=1, page_size=50, enforcing=True,
-                  **kwargs)
-    report = Sweeper(read_rows=failing_read, **common).run_once()
+    report = world.sweeper(read_rows=failing_read).run_once()
     assert reads and report.errors and report.deleted == 0
     assert stale in {p.metadata.name for p in world.pods(row1)}
-    report = Sweeper(read_rows=ledger.read_rows, **common).run_once()
+    report = world.sweeper().run_once()
     assert report.deleted == 1
     assert stale not in {p.metadata.name for p in world.live_pods(row1)}

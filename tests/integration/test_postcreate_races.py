@@ -14,7 +14,6 @@ import time
 import pytest
 
 from fenced_k8s_executor.names import TOKEN_ANNOTATION
-from fenced_k8s_executor.lab.core import our_deployment
 
 KINDS = ["stock", "fenced"]
 
@@ -276,20 +275,10 @@ def test_no_false_positive_deletions_under_faults(world, pg_server, fault):
 
 def test_schedulers_take_turns_sweeping(world):
     """While one scheduler holds the sweep lock, another's sweep skips its round."""
-    import inspect
+    from fenced_k8s_executor.sweep import advisory_lock
 
-    from fenced_k8s_executor.sweep import Sweeper, advisory_lock
-    dead = world.scheduler("fenced", start=False)
-    world.queue(dead, trigger=False)
-    row1 = world.row("t1")
-    world.airflow.clear(row1)
-    peer = world.scheduler("fenced", start=False)
-    world.queue(peer, trigger=False)
-    stale = world.stale_pod(row1, row1.token, sched=dead)
-    params = inspect.signature(Sweeper).parameters
-    kwargs = {name: our_deployment() for name in ("deployment", "deployment_id") if name in params}
-    sweeper = Sweeper(kube_client=world.kube, namespaces=[world.namespace], interval=1, page_size=50,
-                      enforcing=True, **kwargs)
+    row1, stale = world.cleared_launch_pod(world.scheduler("fenced", start=False))
+    sweeper = world.sweeper()
     with advisory_lock() as held:  # the peer's sweep in progress
         assert held
         report = sweeper.run_once()
