@@ -32,6 +32,10 @@ def test_bench_smoke_writes_all_figures(tmp_path):
         pytest.fail(f"bench --smoke did not finish in 600 s:\n{stderr[-4000:]}")
     assert proc.returncode == 0, stderr[-4000:]
     assert "fenced/stock" in stdout  # the summary table
+    # both executors log at the shipped logging_level (INFO), to a file rather than the report
+    assert "Add task" not in stdout
+    log = (tmp_path / "work" / "airflow.log").read_text()
+    assert "Add task" in log and "fenced_k8s_executor.executor.FencedKubernetesExecutor" in log
     figures = json.loads(out.read_text())
     for key in KEYS:
         assert key in figures, key
@@ -56,3 +60,4 @@ def test_bench_smoke_writes_all_figures(tmp_path):
         assert figures["sweep_api_calls"][size]["list"] == pages
         assert figures["sweep_db_queries"][size] == pages + 1
     assert figures["machine"]["cores"] and figures["machine"]["versions"]["apache-airflow"]
+    assert figures["machine"]["airflow_logging_level"] == "INFO"

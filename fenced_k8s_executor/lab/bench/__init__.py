@@ -95,6 +95,10 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
         with lab.engine.connect() as conn:
             result["machine"]["postgresql"] = conn.exec_driver_sql("SHOW server_version").scalar()
         result["machine"]["load_before"] = os.getloadavg()
+        from airflow.configuration import conf
+
+        result["machine"]["airflow_logging_level"] = conf.get("logging", "logging_level")
+        result["machine"]["airflow_log"] = getattr(args, "airflow_log", None)
         result["kube"] = {"backend": backend, "url": lab.emu_url,
                           "list_pagination": None if backend == "real" else
                           ("stock emulator" if args.stock_pagination else "lazy (lab/bench/emuserver.py)")}
@@ -233,10 +237,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the lab emulator's own list pagination (O(N) per page) instead of the bench's lazy one")
     ap.add_argument("--profile", metavar="DIR", help="cProfile the fenced hot paths (first fenced repetition)")
     ap.add_argument("--workdir", help="where logs and kubeconfigs go (default: a temp dir)")
+    ap.add_argument("--airflow-log", metavar="FILE",
+                    help="where Airflow's own log lines go, appended (default: <workdir>/airflow.log, or a temp file)")
     args = ap.parse_args(argv)
     _exit_on_sigterm()
     if args.only and not set(args.only.split(",")) <= set(SCENARIOS):
         ap.error(f"--only takes {','.join(SCENARIOS)}")
+    out = _airflow_log_to_file(args)
     from fenced_k8s_executor.lab.bench import report
     from fenced_k8s_executor.lab.bench.env import progress
 
@@ -254,11 +261,11 @@ def main(argv: list[str] | None = None) -> int:
                 result["real"] = {"skipped": why}
                 continue
         if backend == "real" and args.backend == "both":
-            figures = _run_real_subprocess(argv if argv is not None else sys.argv[1:])
+            figures = _run_real_subprocess(argv if argv is not None else sys.argv[1:], args.airflow_log)
         else:
             figures = run(args, backend)
-        print(f"\n== {backend} ==")
-        print(report.table(figures))
+        print(f"\n== {backend} ==", file=out)
+        print(report.table(figures), file=out, flush=True)
         if backend == "emulator" or args.backend == "real":
             result.update(figures)
         else:
@@ -271,26 +278,55 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_real_subprocess(argv: list[str]) -> dict:
+def _airflow_log_to_file(args: argparse.Namespace):
+    """Send this process's stdout (and so its children's) to ``args.airflow_log``; return a stream
+    on the original stdout for the report. Called before Airflow is imported.
+
+    Both executors log at Airflow's configured ``[logging] logging_level`` (shipped default INFO:
+    the provider's "Add task" line per workload, its pod and event lines), as a scheduler does;
+    their cost is part of what is measured, for stock and fenced alike. To a file, not a terminal:
+    about 60,000 lines in a full run, and a terminal's speed is not a scheduler's.
+    """
+    if not args.airflow_log:
+        if args.workdir:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+            args.airflow_log = str(Path(args.workdir) / "airflow.log")
+        else:
+            import tempfile
+
+            fd, args.airflow_log = tempfile.mkstemp(prefix="fenced-bench-airflow-", suffix=".log")
+            os.close(fd)
+    sys.stdout.flush()
+    report = os.fdopen(os.dup(1), "w")
+    log_fd = os.open(args.airflow_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.close(log_fd)
+    from fenced_k8s_executor.lab.bench.env import progress
+
+    progress(f"Airflow's log lines: {args.airflow_log}")
+    return report
+
+
+def _run_real_subprocess(argv: list[str], airflow_log: str) -> dict:
     """The real-apiserver run in a fresh process (its own PostgreSQL, executors and GIL)."""
     import subprocess
     import tempfile
 
     keep, skip = [], False
-    for a in argv:  # drop --json FILE / --backend X / --profile-free nothing else
+    for a in argv:  # drop --json FILE, --backend X, --airflow-log FILE; keep the rest
         if skip:
             skip = False
             continue
-        if a in ("--json", "--backend"):
+        if a in ("--json", "--backend", "--airflow-log"):
             skip = True
             continue
-        if a.startswith("--json=") or a.startswith("--backend="):
+        if a.startswith(("--json=", "--backend=", "--airflow-log=")):
             continue
         keep.append(a)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = fh.name
     proc = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.bench", *keep, "--backend", "real",
-                           "--json", out], stdout=subprocess.PIPE, text=True)
+                           "--json", out, "--airflow-log", airflow_log], stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         return {"backend": "real", "error": f"exit {proc.returncode}", "stdout": proc.stdout[-4000:]}
     figures = json.loads(Path(out).read_text())

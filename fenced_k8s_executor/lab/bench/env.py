@@ -266,7 +266,6 @@ class Lab:
         self.url = new_airflow_db(self.pg)
         os.environ.update(airflow_db_env(self.url))
         os.environ["AIRFLOW__API_AUTH__JWT_SECRET"] = JWT_SECRET
-        os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
         from airflow import settings
         from airflow.configuration import conf
 
@@ -277,7 +276,6 @@ class Lab:
 
         self.engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
         self.trips = RoundTrips(settings.engine)
-        quiet_logs()
 
     def _start_emulator(self, stock_pagination: bool) -> None:
         from fenced_k8s_executor.lab.kubeapi import EmulatorControl
@@ -468,7 +466,6 @@ class Lab:
         gc.collect()
         gc.freeze()
         executor.start()
-        quiet_logs()
         self.executors.append(executor)
         return executor
 
@@ -478,16 +475,6 @@ class Lab:
         finally:
             if executor in self.executors:
                 self.executors.remove(executor)
-
-
-def quiet_logs() -> None:
-    import logging
-
-    for name in ("airflow", "airflow.task", "airflow.processor", "fenced_k8s_executor", "kubernetes", "urllib3",
-                 "airflow.providers.cncf.kubernetes", "airflow.executors", ""):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # shutdown noise: "Executor shutting down, IGNORING watcher task=..."
-    logging.getLogger("airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils").setLevel(logging.ERROR)
 
 
 def workload(ti) -> Any:

@@ -193,7 +193,8 @@ def table(r: dict) -> str:
     lines.append(f"machine: {m.get('cores')} cores, Python {m.get('python')}, PostgreSQL {m.get('postgresql')},"
                  f" Airflow {m.get('versions', {}).get('apache-airflow')}, cncf-kubernetes"
                  f" {m.get('versions', {}).get('apache-airflow-providers-cncf-kubernetes')}, load average"
-                 f" before/after {_load(m.get('load_before'))} / {_load(m.get('load_after'))}; kube: {r.get('kube')}")
+                 f" before/after {_load(m.get('load_before'))} / {_load(m.get('load_after'))}; kube: {r.get('kube')};"
+                 f" Airflow logging_level {m.get('airflow_logging_level')} (to {m.get('airflow_log')})")
     return "\n".join(lines)
 
 
