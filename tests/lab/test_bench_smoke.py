@@ -7,6 +7,7 @@ statement each; the sweep's calls are O(pages). Counts and shapes only; no timin
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -61,3 +62,5 @@ def test_bench_smoke_writes_all_figures(tmp_path):
         assert figures["sweep_db_queries"][size] == pages + 1
     assert figures["machine"]["cores"] and figures["machine"]["versions"]["apache-airflow"]
     assert figures["machine"]["airflow_logging_level"] == "INFO"
+    if len(os.sched_getaffinity(0)) >= 2:  # queue time: this process and the Managers on separate CPUs
+        assert set(figures["queue_time_placement"]) == {"bench_cpu", "manager_cpu"}

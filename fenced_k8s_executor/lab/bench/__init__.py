@@ -117,6 +117,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             spreads["queue_time_ratio"] = r["spread"]
             spreads["queue_time_cpu_ratio"] = r["cpu_spread"]
             spreads["queue_time_aa_ratio"] = r["aa_spread"]
+            result["queue_time_placement"] = r["placement"]
         _checkpoint(args, backend, result, spreads, raw)
         if "precreate" in only:
             progress("pre-creation check")

@@ -10,8 +10,8 @@ import queue
 import time
 
 from fenced_k8s_executor import ledger
-from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interleaved, median, profiled, progress,
-                                               quiet_gc, spread, workload)
+from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interleaved, median, pinned_apart, profiled,
+                                               progress, quiet_gc, spread, workload)
 
 
 #: One queue-time repetition is an ABBA block of runs, each kind's fastest of its four runs
@@ -32,12 +32,14 @@ def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
     ``execute_async`` per workload (stock: build the KubernetesJob and put it on the Manager
     queue; fenced: the same plus its LaunchBook entry). A repetition is a ``QUEUE_BLOCK`` run by
     new executors (stock, fenced and a second stock one, the control, started in the orders of
-    ``QUEUE_STARTS``); the real (Manager) task queue is drained, untimed, after each run. control/stock is
-    the noise floor the fenced/stock ratio is read against. New executors per repetition because
-    an executor's queue time depends on the executor instance, whatever its kind: with five
-    executors in one process (stock, fenced, fenced with fencing off, stock, fenced) two were
-    ~25 % slower than the other three for the whole run, one of them stock. With one pair for
-    the whole run, the ratio measured which kind drew the slow instance.
+    ``QUEUE_STARTS``); the real (Manager) task queue is drained, untimed, after each run.
+    control/stock is the noise floor the fenced/stock ratio is read against.
+
+    The measuring process and the executors' Manager processes run on separate CPUs
+    (``pinned_apart``): an instance's queue time followed where the OS happened to place its
+    Manager (with five executors in one process, two were ~25 % slower than the other three for
+    the whole run, one of them stock), which no interleaving cancels. New executors per
+    repetition all the same, so that no kind keeps one instance's luck.
     Also the time of ``queue_workload`` (BaseExecutor's, the same for both) for reference."""
     raw: dict = {"stock": [], "fenced": [], "control": []}
     for rep in range(reps):
@@ -45,12 +47,13 @@ def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
         execs = {kind: lab.executor("stock" if kind == "control" else kind, namespace=f"bench-queue-{kind}")
                  for kind in order}
         tis = {kind: lab.queued_tis(workloads, ex.job_id, f"queue_{kind}_{rep}") for kind, ex in execs.items()}
-        for kind in order:  # warm-up
-            with profiled(lab, f"queue_trigger_tasks_{kind}") if rep == 0 else nullcontext():
-                _queue_once(execs[kind], tis[kind], workloads)
         runs: dict = {kind: [] for kind in raw}
-        for kind in QUEUE_BLOCK[rep % 2]:
-            runs[kind].append(_queue_once(execs[kind], tis[kind], workloads))
+        with pinned_apart(list(execs.values())) as placement:
+            for kind in order:  # warm-up
+                with profiled(lab, f"queue_trigger_tasks_{kind}") if rep == 0 else nullcontext():
+                    _queue_once(execs[kind], tis[kind], workloads)
+            for kind in QUEUE_BLOCK[rep % 2]:
+                runs[kind].append(_queue_once(execs[kind], tis[kind], workloads))
         for kind, mine in runs.items():
             raw[kind].append(min(mine, key=lambda run: run["seconds"]))
         for ex in execs.values():
@@ -62,7 +65,7 @@ def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
              f" ratio {fmt_spread(sp)}; A/A (second stock executor / stock) {fmt_spread(aa)}")
     cpu_sp = spread([x["cpu_seconds"] for x in raw["stock"]], [x["cpu_seconds"] for x in raw["fenced"]])
     return {"raw": raw, "workloads": workloads, "seconds": secs, "ratio": sp["median"], "spread": sp,
-            "cpu_spread": cpu_sp, "aa_spread": aa,
+            "cpu_spread": cpu_sp, "aa_spread": aa, "placement": placement,
             "job_pickle_bytes": {k: v[0]["job_pickle_bytes"] for k, v in raw.items()},
             "job_pickle_us": {k: median([x["job_pickle_seconds"] for x in v]) * 1e6 for k, v in raw.items()},
             "us_per_workload": {k: v / workloads * 1e6 for k, v in secs.items()}}

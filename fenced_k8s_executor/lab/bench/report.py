@@ -117,7 +117,9 @@ def table(r: dict) -> str:
     rows: list[tuple[str, str, str, str]] = []
     if r.get("queue_time_seconds"):
         q = r["queue_time_seconds"]
-        rows.append((f"queue time, {r['config']['queue_workloads']} workloads", f"{q['stock']:.3f} s",
+        pin = r.get("queue_time_placement")
+        where = f" (bench on CPU {pin['bench_cpu']}, Managers on {pin['manager_cpu']})" if pin else " (not pinned)"
+        rows.append((f"queue time, {r['config']['queue_workloads']} workloads{where}", f"{q['stock']:.3f} s",
                      f"{q['fenced']:.3f} s", _sp(r, "queue_time_ratio")))
     for n, secs in (r.get("precreate_seconds_per_batch") or {}).items():
         rt = r["precreate_round_trips_per_batch"][n]
