@@ -14,14 +14,15 @@ from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interlea
                                                progress, quiet_gc, spread, workload)
 
 
-#: One queue-time repetition is an ABBA block of runs, each kind's fastest of its four runs
-#: counting (timeit's ``repeat``; a run is ~0.1 s). Successive runs alternated fast and slow by
+#: One queue-time repetition is an ABBA block of runs, each kind's fastest of its eight runs
+#: counting (timeit's ``repeat``; a run is ~0.1 s; with four, one run in six of ``--only queue``
+#: put a max ratio 0.03 higher than with eight). Successive runs alternated fast and slow by
 #: up to 15 % whichever executor ran (cause not pinned down; the allocator's state is the likely
 #: one), so a kind timed once per repetition landed on the slow phase in every other pair.
 #: ``control`` is a second stock executor (the A/A noise floor: control/stock), placed so that
 #: every executor's runs sit, on average, at the same point of the block.
-QUEUE_BLOCK = (("stock", "fenced", "control", "control", "fenced", "stock") * 2,
-               ("fenced", "stock", "control", "control", "stock", "fenced") * 2)
+QUEUE_BLOCK = (("stock", "fenced", "control", "control", "fenced", "stock") * 4,
+               ("fenced", "stock", "control", "control", "stock", "fenced") * 4)
 #: The order the three executors of a repetition are started in: every executor takes every
 #: place in turn (an instance's speed followed its creation order in one test, see queue_time).
 QUEUE_STARTS = tuple(itertools.permutations(("stock", "fenced", "control")))
