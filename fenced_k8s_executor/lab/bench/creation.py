@@ -15,8 +15,8 @@ from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interlea
 
 
 #: One queue-time repetition is an ABBA block of runs, each kind's fastest of its eight runs
-#: counting (timeit's ``repeat``; a run is ~0.1 s; with four, one run in six of ``--only queue``
-#: put a max ratio 0.03 higher than with eight). Successive runs alternated fast and slow by
+#: counting (timeit's ``repeat``; a run is ~0.1 s). Pinned, with four runs one backend run of
+#: four reached a max ratio of 1.104; with eight, six of six stayed within 1.076. Successive runs alternated fast and slow by
 #: up to 15 % whichever executor ran (cause not pinned down; the allocator's state is the likely
 #: one), so a kind timed once per repetition landed on the slow phase in every other pair.
 #: ``control`` is a second stock executor (the A/A noise floor: control/stock), placed so that
