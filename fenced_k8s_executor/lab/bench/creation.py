@@ -73,7 +73,7 @@ def queue_time(lab: Lab, workloads: int, reps: int) -> dict:
 
 
 def _queue_once(ex, tis: list, workloads: int) -> dict:
-    work = [workload(ti) for ti in tis]
+    work = [workload(ti, ex) for ti in tis]
     q0 = time.perf_counter()
     for w in work:
         ex.queue_workload(w, session=None)
@@ -150,7 +150,7 @@ def _precreate_once(lab: Lab, ex, tis: list) -> dict:
     created: list = []
     try:
         for ti in tis:
-            ex.queue_workload(workload(ti), session=None)
+            ex.queue_workload(workload(ti, ex), session=None)
         ex.trigger_tasks(open_slots=len(tis))
         ex.kube_scheduler.run_next = created.append  # no pod creation: the check alone
         if hasattr(ex, "_loop_rows"):  # a new loop: no rows read yet (sync() would reset it too)
@@ -214,7 +214,7 @@ def _launch_once(lab: Lab, ex, count: int, batch_size: int) -> dict:
     base = lab.pods_in(ns)
     t0 = time.perf_counter()
     for ti in tis:
-        ex.queue_workload(workload(ti), session=None)
+        ex.queue_workload(workload(ti, ex), session=None)
     ex.trigger_tasks(open_slots=count)  # execute_async for every job (fenced: pod override, claim)
     t1 = time.perf_counter()
     before = lab.trips.snapshot()

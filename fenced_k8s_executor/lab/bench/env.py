@@ -477,8 +477,12 @@ class Lab:
                 self.executors.remove(executor)
 
 
-def workload(ti) -> Any:
-    """The ExecuteTask the scheduler would hand to queue_workload for a seeded TI."""
+def workload(ti, executor) -> Any:
+    """The ExecuteTask the scheduler would hand ``executor.queue_workload`` for a seeded TI: its
+    token minted by ``ExecuteTask.generate_token`` with the executor's own ``jwt_generator`` and
+    its log path rendered from ``[logging] log_filename_template``, as ``ExecuteTask.make`` does.
+    A placeholder token made stock's pods and Manager-queue jobs smaller than a scheduler's,
+    while fenced's pods carry a minted launch claim."""
     from airflow.executors.workloads import BundleInfo, ExecuteTask
     from airflow.executors.workloads.task import TaskInstanceDTO
 
@@ -488,7 +492,20 @@ def workload(ti) -> Any:
         pool_slots=1, priority_weight=1, queue="default", external_executor_id=ti.token,
     )
     return ExecuteTask(ti=dto, dag_rel_path=Path(f"{ti.dag_id}.py"), bundle_info=BundleInfo(name=BUNDLE),
-                       token="bench-workload-token", log_path=None)
+                       token=ExecuteTask.generate_token(str(ti.id), executor.jwt_generator),
+                       log_path=_log_path(ti))
+
+
+def _log_path(ti) -> str:
+    from airflow.utils.helpers import log_filename_template_renderer
+
+    global _render_log_path
+    if _render_log_path is None:
+        _render_log_path = log_filename_template_renderer()
+    return _render_log_path(ti=ti)
+
+
+_render_log_path = None
 
 
 def forget(executor) -> None:

@@ -21,7 +21,7 @@ def state_change(lab: Lab, events: int, reps: int) -> dict:
         ns = f"bench-state-{kind}"
         ex = execs[kind] = lab.executor(kind, namespace=ns, batch_size=events)
         for ti in lab.queued_tis(events, ex.job_id, f"state_{kind}"):
-            ex.queue_workload(workload(ti), session=None)
+            ex.queue_workload(workload(ti, ex), session=None)
         ex.trigger_tasks(open_slots=events)
         while len(ex.running) and lab.pods_in(ns) < events:
             ex.sync()
@@ -181,7 +181,7 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
             for i, (ex, arriving) in (pairs if loop % 2 == 0 else pairs[::-1]):  # no executor always first
                 if loop < len(arriving):
                     for ti in arriving[loop]:
-                        ex.queue_workload(workload(ti), session=None)
+                        ex.queue_workload(workload(ti, ex), session=None)
                 ex.trigger_tasks(open_slots=32)
                 before = lab.trips.snapshot()
                 prof = profs.get(kind) if timed else None
@@ -255,7 +255,7 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> 
             ns = f"bench-inflight-{n}-{kind}"
             ex = execs[kind] = lab.executor(kind, namespace=ns, batch_size=batch_size)
             for ti in lab.queued_tis(n, ex.job_id, f"inflight_{kind}"):
-                ex.queue_workload(workload(ti), session=None)
+                ex.queue_workload(workload(ti, ex), session=None)
             ex.trigger_tasks(open_slots=n)
             guard = 0
             while lab.pods_in(ns) < n and guard < 3 * n // batch_size + 20:
