@@ -13,7 +13,8 @@ import pytest
 
 from fenced_k8s_executor.lab.bench.env import pinned_apart
 
-THREADED = "import threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); time.sleep(60)"
+THREADED = ("import threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start();"
+            " time.sleep(60)")
 
 
 def _affinities(pid: int) -> list[set[int]]:

@@ -15,10 +15,10 @@ from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interlea
 
 
 #: One queue-time repetition is an ABBA block of runs, each kind's fastest of its eight runs
-#: counting (timeit's ``repeat``; a run is ~0.1 s). Pinned, with four runs one backend run of
-#: four reached a max ratio of 1.104; with eight, six of six stayed within 1.076. Successive runs alternated fast and slow by
-#: up to 15 % whichever executor ran (cause not pinned down; the allocator's state is the likely
-#: one), so a kind timed once per repetition landed on the slow phase in every other pair.
+#: counting (timeit's ``repeat``; a run is ~0.1 s). Successive runs alternated fast and slow by
+#: up to 15 % whichever executor ran, so a kind timed once per repetition landed on the slow
+#: phase in every other pair. Pinned (``pinned_apart``), with four runs per kind one backend run
+#: of four reached a max ratio of 1.104; with eight, six of six stayed within 1.076.
 #: ``control`` is a second stock executor (the A/A noise floor: control/stock), placed so that
 #: every executor's runs sit, on average, at the same point of the block.
 QUEUE_BLOCK = (("stock", "fenced", "control", "control", "fenced", "stock") * 4,
