@@ -39,3 +39,16 @@ def test_pinned_apart_places_every_thread_and_restores():
     finally:
         manager.kill()
         manager.wait()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_pinned_apart_restores_on_error_and_skips_a_gone_manager():
+    allowed = os.sched_getaffinity(0)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    executor = SimpleNamespace(_manager=SimpleNamespace(_process=SimpleNamespace(pid=gone.pid)))
+    with pytest.raises(RuntimeError):
+        with pinned_apart([executor]):
+            assert len(os.sched_getaffinity(0)) == 1
+            raise RuntimeError("a timed run failed")
+    assert os.sched_getaffinity(0) == allowed

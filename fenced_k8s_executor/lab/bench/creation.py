@@ -18,13 +18,13 @@ from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interlea
 #: counting (timeit's ``repeat``; a run is ~0.1 s). Successive runs alternated fast and slow by
 #: up to 15 % whichever executor ran, so a kind timed once per repetition landed on the slow
 #: phase in every other pair. Pinned (``pinned_apart``), with four runs per kind one backend run
-#: of four reached a max ratio of 1.104; with eight, six of six stayed within 1.076.
+#: of four reached a fenced/stock max of 1.104; with eight, six of six stayed within 1.076.
 #: ``control`` is a second stock executor (the A/A noise floor: control/stock), placed so that
 #: every executor's runs sit, on average, at the same point of the block.
 QUEUE_BLOCK = (("stock", "fenced", "control", "control", "fenced", "stock") * 4,
                ("fenced", "stock", "control", "control", "stock", "fenced") * 4)
 #: The order the three executors of a repetition are started in: every executor takes every
-#: place in turn (an instance's speed followed its creation order in one test, see queue_time).
+#: place in turn, so that no kind is always created first or last.
 QUEUE_STARTS = tuple(itertools.permutations(("stock", "fenced", "control")))
 
 
@@ -212,9 +212,10 @@ def _launch_once(lab: Lab, ex, count: int, batch_size: int) -> dict:
     ns = ex.kube_config.kube_namespace
     tis = lab.queued_tis(count, ex.job_id, "launch")
     base = lab.pods_in(ns)
+    work = [workload(ti, ex) for ti in tis]  # the scheduler's part (its token), untimed
     t0 = time.perf_counter()
-    for ti in tis:
-        ex.queue_workload(workload(ti, ex), session=None)
+    for w in work:
+        ex.queue_workload(w, session=None)
     ex.trigger_tasks(open_slots=count)  # execute_async for every job (fenced: pod override, claim)
     t1 = time.perf_counter()
     before = lab.trips.snapshot()

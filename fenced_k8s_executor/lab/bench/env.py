@@ -480,7 +480,8 @@ class Lab:
 def workload(ti, executor) -> Any:
     """The ExecuteTask the scheduler would hand ``executor.queue_workload`` for a seeded TI: its
     token minted by ``ExecuteTask.generate_token`` with the executor's own ``jwt_generator`` and
-    its log path rendered from ``[logging] log_filename_template``, as ``ExecuteTask.make`` does.
+    its log path rendered from ``[logging] log_filename_template``, as ``ExecuteTask.make`` does
+    (the shipped template; the seeded TI has no ``dag_run`` or ``logical_date`` for others).
     A placeholder token made stock's pods and Manager-queue jobs smaller than a scheduler's,
     while fenced's pods carry a minted launch claim."""
     from airflow.executors.workloads import BundleInfo, ExecuteTask
@@ -526,7 +527,11 @@ def forget(executor) -> None:
 
 def _pin(pid: int, cpus: set[int]) -> None:
     """Every thread of ``pid`` (the affinity call takes one thread; threads started later inherit it)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return  # the process ended
+    for tid in tids:
         try:
             os.sched_setaffinity(int(tid), cpus)
         except (ProcessLookupError, FileNotFoundError):
@@ -538,10 +543,11 @@ def pinned_apart(executors: list) -> Iterator[dict | None]:
     """This process on one CPU and the executors' Manager processes (the task queue's other end)
     on another, for the duration; yields the placement, or None with fewer than two CPUs.
 
-    Each ``task_queue.put`` is a round trip to the Manager process. Left to the OS, whether the
-    two share a core changed from one executor instance to the next and moved an instance's queue
-    time by up to 40 % (the A/A ratio, two stock executors, spread 0.98-1.43); pinned apart, the
-    A/A spread was 0.98-1.05. Stock and fenced are placed alike.
+    Each ``task_queue.put`` is a round trip to the Manager process. Left to the OS, where the
+    Manager ran relative to this process differed from one executor instance to the next and
+    moved an instance's queue time by up to 40 % (the A/A ratio, two stock executors, spread
+    0.98-1.43); pinned apart, four runs on both backends gave 0.95-1.05. Stock and fenced are
+    placed alike. The first two allowed CPUs: on an SMT machine they may share a core.
     """
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
@@ -549,10 +555,10 @@ def pinned_apart(executors: list) -> Iterator[dict | None]:
         return
     mine, theirs = {allowed[0]}, {allowed[1]}
     managers = [ex._manager._process.pid for ex in executors]
-    _pin(os.getpid(), mine)
-    for pid in managers:
-        _pin(pid, theirs)
     try:
+        _pin(os.getpid(), mine)
+        for pid in managers:
+            _pin(pid, theirs)
         yield {"bench_cpu": allowed[0], "manager_cpu": allowed[1]}
     finally:
         _pin(os.getpid(), set(allowed))  # the Managers end with their executors
