@@ -7,6 +7,7 @@ measured process's GIL (a real API server and kubelet never do).
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -498,15 +499,14 @@ def workload(ti, executor) -> Any:
 
 
 def _log_path(ti) -> str:
+    return _log_path_renderer()(ti=ti)
+
+
+@functools.cache
+def _log_path_renderer() -> Any:
     from airflow.utils.helpers import log_filename_template_renderer
 
-    global _render_log_path
-    if _render_log_path is None:
-        _render_log_path = log_filename_template_renderer()
-    return _render_log_path(ti=ti)
-
-
-_render_log_path = None
+    return log_filename_template_renderer()
 
 
 def forget(executor) -> None:
