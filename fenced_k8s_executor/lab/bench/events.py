@@ -96,7 +96,7 @@ def scheduler_loop(lab: Lab, tasks_per_scheduler: int, reps: int, heartbeat: flo
     """p50/p99 of sync() in steady state, stock and fenced side by side in the same time window.
 
     A repetition runs two stock and two fenced executors (two 'schedulers' of each kind, each kind
-    in its own namespace with its own process kubelet running trivial pods). Every loop queues
+    in its own namespace with its own process kubelet running pods that sleep in /bin/sh). Every loop queues
     ``per_loop`` new tasks on each executor, then runs trigger_tasks and a timed sync() on each,
     the kinds taking turns to go first (ABBA by loop), until ``tasks_per_scheduler`` have arrived;
     only those arrival loops are timed, so both kinds are compared over the same syncs doing the
