@@ -1,5 +1,6 @@
-"""Scenario 4: one ``Sweeper.run_once()`` over 100 ... 100,000 executor pods, across namespaces,
-and with several schedulers sweeping at once (they take turns on a PostgreSQL advisory lock)."""
+"""The sweep scenario (run last): one ``Sweeper.run_once()`` over 100 ... 100,000 executor
+pods, across namespaces, and with several schedulers sweeping at once (they take turns on a
+PostgreSQL advisory lock)."""
 
 from __future__ import annotations
 
