@@ -66,6 +66,11 @@ def machine() -> dict:
             "machine": platform.machine(), "processor": platform.processor() or None, "versions": versions}
 
 
+def _rows(columns: dict, fields: tuple[str, ...]) -> dict:
+    """``{point: {field: columns[field][point]}}``: a scenario's per-field columns as one row per point."""
+    return {k: {f: columns[f][k] for f in fields} for k in columns["seconds"]}
+
+
 def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
     from fenced_k8s_executor.lab.bench import creation, events, report, sweeping
     from fenced_k8s_executor.lab.bench.env import Lab, progress
@@ -199,19 +204,11 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["sweep_cpu_fit"] = report.fit([int(k) for k in r["cpu_seconds"]],
                                                  [r["cpu_seconds"][k] + r["server_cpu_seconds"][k] for k in r["cpu_seconds"]])
             if "namespaces" in r:
-                result["sweep_namespaces"] = {k: {"seconds": r["namespaces"]["seconds"][k],
-                                                  "pages": r["namespaces"]["pages"][k],
-                                                  "api_lists": r["namespaces"]["api_lists"][k],
-                                                  "db_queries": r["namespaces"]["db_queries"][k]}
-                                              for k in r["namespaces"]["seconds"]}
+                result["sweep_namespaces"] = _rows(r["namespaces"], ("seconds", "pages", "api_lists", "db_queries"))
                 result["sweep_namespaces_fit"] = report.fit([int(k) for k in r["namespaces"]["seconds"]],
                                                             list(r["namespaces"]["seconds"].values()))
             if "schedulers" in r:
-                result["sweep_schedulers"] = {k: {"seconds": r["schedulers"]["seconds"][k],
-                                                  "sweeps": r["schedulers"]["sweeps"][k],
-                                                  "api_lists": r["schedulers"]["api_lists"][k],
-                                                  "db_queries": r["schedulers"]["db_queries"][k]}
-                                              for k in r["schedulers"]["seconds"]}
+                result["sweep_schedulers"] = _rows(r["schedulers"], ("seconds", "sweeps", "api_lists", "db_queries"))
         _checkpoint(args, backend, result, spreads, raw)
         result["ratio_spreads"] = spreads
         result["raw"] = raw

@@ -498,11 +498,7 @@ def workload(ti, executor) -> Any:
     )
     return ExecuteTask(ti=dto, dag_rel_path=Path(f"{ti.dag_id}.py"), bundle_info=BundleInfo(name=BUNDLE),
                        token=ExecuteTask.generate_token(str(ti.id), executor.jwt_generator),
-                       log_path=_log_path(ti))
-
-
-def _log_path(ti) -> str:
-    return _log_path_renderer()(ti=ti)
+                       log_path=_log_path_renderer()(ti=ti))
 
 
 @functools.cache
