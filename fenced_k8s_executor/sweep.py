@@ -99,7 +99,8 @@ class Sweeper:
                 if not held:
                     report.skipped = "another scheduler is sweeping"
                 else:
-                    deletes = pods.Deletes(self.kube_client, self.request_args) if self.enforcing else None
+                    deletes = (pods.Deletes(self.kube_client, self.request_args, backlog=self.page_size)
+                               if self.enforcing else None)
                     try:
                         for namespace in self.namespaces:
                             self._sweep_namespace(namespace, report, deletes)

@@ -89,6 +89,24 @@ def test_deletes_delete_each_submitted_pod_once_and_report_its_outcome(kube, pag
     assert _calls(kube, "delete", namespace, PODS) == PODS
 
 
+@pytest.mark.parametrize("backlog, submitted_before_any_outcome", [(None, False), (PODS, True)])
+def test_a_backlog_of_deletes_does_not_hold_up_the_caller(kube, needs_faults, paged, backlog,
+                                                          submitted_before_any_outcome):
+    """A sweep that meets a burst of stale pods goes on listing while the deletes wait: with a
+    backlog of a page, every submit returns while the first delete is still in flight."""
+    api, namespace = paged
+    refs = _refs(api, namespace)
+    kube.add_fault(method="DELETE", path=r"/pods/", delay=0.3, who="test")
+    outcomes: list[bool | None] = []
+    deletes = pods.Deletes(api, workers=1, backlog=backlog)
+    for ref in refs:
+        deletes.submit(ref, outcomes.append)
+    seen_when_submitted = len(outcomes)
+    deletes.close()
+    assert (seen_when_submitted == 0) is submitted_before_any_outcome
+    assert outcomes == [True] * PODS
+
+
 def test_deletes_keep_the_uid_precondition_and_survive_a_failing_report(kube, paged):
     api, namespace = paged
     refs = _refs(api, namespace)
