@@ -66,7 +66,11 @@ def _read_postgresql(engine: Any, tasks: list) -> list:
         dbapi = conn.connection.dbapi_connection
         dbapi.autocommit = True
         try:
-            return conn.exec_driver_sql(_postgresql_statement(engine), params).fetchall()
+            result = conn.exec_driver_sql(_postgresql_statement(engine), params)
+            try:
+                return result.cursor.fetchall()  # the driver's tuples: a Row per row cost more than the query
+            finally:
+                result.close()
         finally:
             if not dbapi.closed:
                 dbapi.autocommit = False
@@ -78,7 +82,9 @@ def _postgresql_statement(engine: Any) -> str:
     from airflow.models.taskinstance import TaskInstance
 
     table = engine.dialect.identifier_preparer.format_table(TaskInstance.__table__)
-    columns = ", ".join(f"ti.{TaskInstance.__table__.c[name].name}" for name in _COLUMNS)
+    # The id as text: the driver would build a uuid.UUID per row only for str() to undo it.
+    columns = ", ".join(f"ti.{TaskInstance.__table__.c[name].name}" + ("::text" if name == "id" else "")
+                        for name in _COLUMNS)
     return (f"SELECT {columns} FROM {table} AS ti"
             " JOIN unnest(%(dag_ids)s::varchar[], %(task_ids)s::varchar[], %(run_ids)s::varchar[],"
             " %(map_indexes)s::integer[]) AS wanted(dag_id, task_id, run_id, map_index)"
