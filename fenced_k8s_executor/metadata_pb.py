@@ -36,6 +36,21 @@ def decode_list(body: bytes) -> tuple[list[dict], str | None]:
     """(each item's metadata, the continue token). Metadata holds ``name``, ``namespace``,
     ``uid``, ``annotations`` and, when set, ``deletionTimestamp`` (True), as the JSON list's
     ``metadata`` would for the keys a fence reads."""
+    buf, start, end = _list_body(body)
+    items: list[dict] = []
+    token = None
+    for number, s, e in _fields(buf, start, end):
+        if number == _LIST_META:
+            token = _continue_in(buf, s, e) or token
+        elif number == _LIST_ITEMS:
+            for field, fs, fe in _fields(buf, s, e):
+                if field == _ITEM_META:
+                    items.append(_object_meta(buf, fs, fe))
+    return items, token or None
+
+
+def _list_body(body: bytes) -> tuple[bytes, int, int]:
+    """(buffer, start, end) of the list message inside the ``k8s\\0`` envelope (runtime.Unknown)."""
     if not body.startswith(MAGIC):
         raise ValueError("not a Kubernetes protobuf message")
     buf = bytes(body)  # indexing bytes is faster than a memoryview; no copy when it is bytes
@@ -45,18 +60,27 @@ def decode_list(body: bytes) -> tuple[list[dict], str | None]:
             raw = (start, end)
     if raw is None:
         raise ValueError("protobuf envelope without a body")
-    items: list[dict] = []
+    return buf, raw[0], raw[1]
+
+
+def continue_token(body: bytes) -> str | None:
+    """The list's continue token alone, as ``decode_list`` reads it, with the items skipped by
+    their lengths: the pager asks for the next page with it before this one is decoded."""
+    buf, start, end = _list_body(body)
     token = None
-    for number, start, end in _fields(buf, *raw):
+    for number, s, e in _fields(buf, start, end):
         if number == _LIST_META:
-            for field, s, e in _fields(buf, start, end):
-                if field == _LIST_CONTINUE:
-                    token = buf[s:e].decode()
-        elif number == _LIST_ITEMS:
-            for field, s, e in _fields(buf, start, end):
-                if field == _ITEM_META:
-                    items.append(_object_meta(buf, s, e))
-    return items, token or None
+            token = _continue_in(buf, s, e) or token
+    return token or None
+
+
+def _continue_in(buf: bytes, start: int, end: int) -> str | None:
+    """The continue token of one ListMeta (None when it has none)."""
+    token = None
+    for field, s, e in _fields(buf, start, end):
+        if field == _LIST_CONTINUE:
+            token = buf[s:e].decode()
+    return token
 
 
 def _object_meta(buf: bytes, pos: int, end: int) -> dict:

@@ -158,54 +158,73 @@ def list_pages(
 ) -> Iterator[list[PodRef]]:
     """Yield pages of pods as metadata only (PartialObjectMetadataList), following ``continue``.
 
-    ``namespace`` None lists all namespaces. One API call per page. With ``prefetch`` the next
-    page is requested (in a helper thread) as soon as the continue token is known, so the API
-    server serialises it while the caller reads rows and decides about this one (the sweep).
+    ``namespace`` None lists all namespaces. One API call per page. With ``prefetch`` (the sweep)
+    a helper thread requests each page as soon as the previous one's continue token is read,
+    before its items are decoded (``_read_ahead``).
     """
 
-    def fetch(token: str | None) -> tuple[list[PodRef], str | None]:
-        return _list_page(kube_client, namespace, label_selector, field_selector, page_size, request_args, token)
+    def fetch(token: str | None) -> tuple[str | None, Any]:
+        return _split(*_request_page(kube_client, namespace, label_selector, field_selector, page_size,
+                                     request_args, token))
 
-    start = _in_background if prefetch else _deferred
-    pending = start(fetch, None)
+    for unread in (_read_ahead if prefetch else _in_turn)(fetch):
+        yield _refs(unread)
+
+
+def _in_turn(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[Any]:
+    token = None
     while True:
-        page, token = pending()
-        if token:
-            pending = start(fetch, token)
-        yield page
+        token, unread = fetch(token)
+        yield unread
         if not token:
             return
 
 
-def _deferred(call: Callable[..., Any], *args: Any) -> Callable[[], Any]:
-    return lambda: call(*args)
+def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[Any]:
+    """Pages listed by a daemon thread into a one-page slot, while the caller decodes and judges
+    the one before: the API server works on the next page while this process reads the last
+    one. At most three pages are held: the one being judged, one in the slot and the one being
+    listed. The thread stops when the caller does (a scheduler's exit never waits for a list in
+    flight); a failed list is raised to the caller after the pages before it."""
+    slot: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
 
-
-def _in_background(call: Callable[..., Any], *args: Any) -> Callable[[], Any]:
-    """Run ``call(*args)`` in a daemon thread (a scheduler's exit never waits for a list in
-    flight); the returned function waits for it and returns its result or raises its error."""
-    box: dict[str, Any] = {}
+    def offer(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                slot.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def run() -> None:
+        token = None
         try:
-            box["value"] = call(*args)
+            while True:
+                token, unread = fetch(token)
+                if not offer((unread, not token)) or not token:
+                    return
         except BaseException as error:  # handed to the caller, who decides
-            box["error"] = error
+            offer(error)
 
-    thread = threading.Thread(target=run, name="fenced-k8s-list", daemon=True)
-    thread.start()
+    threading.Thread(target=run, name="fenced-k8s-list", daemon=True).start()
+    try:
+        while True:
+            item = slot.get()
+            if isinstance(item, BaseException):
+                raise item
+            unread, last = item
+            yield unread
+            if last:
+                return
+    finally:
+        stop.set()
 
-    def result() -> Any:
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
 
-    return result
-
-
-def _list_page(kube_client: Any, namespace: str | None, label_selector: str, field_selector: str | None,
-               page_size: int, request_args: Mapping | None, token: str | None) -> tuple[list[PodRef], str | None]:
+def _request_page(kube_client: Any, namespace: str | None, label_selector: str, field_selector: str | None,
+                  page_size: int, request_args: Mapping | None, token: str | None) -> tuple[bytes, str]:
+    """One list call: (body, media type)."""
     api = kube_client.api_client
     path = "/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"
     query: list[tuple[str, Any]] = [("labelSelector", label_selector), ("limit", page_size)]
@@ -223,17 +242,26 @@ def _list_page(kube_client: Any, namespace: str | None, label_selector: str, fie
         **{**(request_args or {}), "_preload_content": False},
     )
     try:
-        body = response.data
-        media = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        return response.data, (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
     finally:
         response.release_conn()
+
+
+def _split(body: bytes, media: str) -> tuple[str | None, Any]:
+    """(the continue token, the page still to read): protobuf is read for its token alone (the
+    list's metadata comes before its items), JSON is parsed once."""
     if media == metadata_pb.MEDIA_TYPE:
-        metas, token = metadata_pb.decode_list(body)
+        return metadata_pb.continue_token(body), body
+    data = json.loads(body)
+    return (data.get("metadata") or {}).get("continue") or None, data
+
+
+def _refs(unread: Any) -> list[PodRef]:
+    if isinstance(unread, dict):
+        metas = [item.get("metadata") or {} for item in unread.get("items") or []]
     else:
-        data = json.loads(body)
-        metas = [item.get("metadata") or {} for item in data.get("items") or []]
-        token = (data.get("metadata") or {}).get("continue") or None
-    page = [
+        metas = metadata_pb.decode_list(unread)[0]
+    return [
         PodRef(
             name=meta.get("name"),
             namespace=meta.get("namespace"),
@@ -243,4 +271,3 @@ def _list_page(kube_client: Any, namespace: str | None, label_selector: str, fie
         )
         for meta in metas
     ]
-    return page, token

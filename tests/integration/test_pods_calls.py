@@ -1,8 +1,9 @@
 """The sweep's pod calls against a real API (the emulator and the real kube-apiserver).
 
 pods.list_pages: the prefetching pager yields exactly what the plain pager yields, in order, one
-list call per page, and hands a failed list to its caller (the sweep's "no evidence, next
-interval"), and reads the same identities from the real apiserver's protobuf as from JSON.
+list call per page, hands a failed list to its caller (the sweep's "no evidence, next
+interval"), stops listing when its caller stops, and reads the same identities from the real
+apiserver's protobuf as from JSON.
 pods.Deletes: every submitted pod gets exactly one guarded delete and its outcome,
 whatever another outcome's report does."""
 
@@ -60,6 +61,22 @@ def test_every_page_in_order_one_list_call_each(kube, paged, prefetch):
     assert sorted(name for page in pages for name in page) == [f"p{i}" for i in range(PODS)]
     assert [len(page) for page in pages] == [3, 3, 1]
     assert _calls(kube, "list", namespace, len(pages)) == len(pages)  # none beyond the last page
+
+
+def test_a_caller_that_stops_early_stops_the_read_ahead(kube, paged):
+    """The read-ahead holds at most a page waiting and one on the wire, and its thread ends when
+    the caller stops (an error, a stopping scheduler): no thread left holding a page."""
+    api, namespace = paged
+    before = set(threading.enumerate())
+    pages = pods.list_pages(api, namespace, label_selector=LABEL, page_size=1, prefetch=True)
+    next(pages)
+    pages.close()
+    deadline = time.monotonic() + 5
+    while (left := [t for t in threading.enumerate() if t.name == "fenced-k8s-list" and t not in before]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == []
+    assert _calls(kube, "list", namespace, PODS) <= 3 < PODS
 
 
 def test_a_failed_page_is_raised_to_the_caller_after_the_pages_before_it(kube, needs_faults, paged):

@@ -61,6 +61,7 @@ def test_reads_every_item_and_the_continue_token(items, token, noise):
     decoded, continue_token = metadata_pb.decode_list(envelope)
 
     assert continue_token == token
+    assert metadata_pb.continue_token(envelope) == token  # read alone, as the pager does
     expected = [{k: v for k, v in m.items() if k != "deletionTimestamp" or v} for m in items]
     assert decoded == expected
 
@@ -78,6 +79,9 @@ def test_arbitrary_bytes_decode_or_raise_value_error(body):
 def test_a_malformed_page_is_an_error_never_a_page(body):
     with pytest.raises(ValueError):
         metadata_pb.decode_list(body)
+    if body.startswith(metadata_pb.MAGIC):
+        with pytest.raises(ValueError):
+            metadata_pb.continue_token(body)
 
 
 @pytest.mark.parametrize("entry, expected", [
