@@ -181,32 +181,30 @@ def _in_turn(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[
 
 
 def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[Any]:
-    """Pages listed by a daemon thread into a one-page slot, while the caller decodes and judges
-    the one before: the API server works on the next page while this process reads the last
-    one. At most three pages are held: the one being judged, one in the slot and the one being
-    listed. The thread stops when the caller does (a scheduler's exit never waits for a list in
+    """Pages listed by a daemon thread: the next page is requested as soon as the caller takes
+    this one, before the caller decodes and judges it, so the API server works while this process
+    reads. Two pages are held at most, as with one list at a time: the one being judged and the
+    next. The thread stops when the caller does (a scheduler's exit never waits for a list in
     flight); a failed list is raised to the caller after the pages before it."""
-    slot: queue.Queue = queue.Queue(maxsize=1)
+    slot: queue.Queue = queue.Queue()
+    room = threading.Semaphore(1)  # released when the caller takes a page
     stop = threading.Event()
-
-    def offer(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                slot.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def run() -> None:
         token = None
         try:
             while True:
+                while not room.acquire(timeout=0.2):
+                    if stop.is_set():
+                        return
+                if stop.is_set():
+                    return
                 token, unread = fetch(token)
-                if not offer((unread, not token)) or not token:
+                slot.put((unread, not token))
+                if not token:
                     return
         except BaseException as error:  # handed to the caller, who decides
-            offer(error)
+            slot.put(error)
 
     threading.Thread(target=run, name="fenced-k8s-list", daemon=True).start()
     try:
@@ -214,6 +212,7 @@ def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterat
             item = slot.get()
             if isinstance(item, BaseException):
                 raise item
+            room.release()
             unread, last = item
             yield unread
             if last:
