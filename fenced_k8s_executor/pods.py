@@ -167,20 +167,21 @@ def list_pages(
         return _split(*_request_page(kube_client, namespace, label_selector, field_selector, page_size,
                                      request_args, token))
 
-    for unread in (_read_ahead if prefetch else _in_turn)(fetch):
-        yield _refs(unread)
+    return (_read_ahead if prefetch else _in_turn)(fetch)
 
 
-def _in_turn(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[Any]:
+def _in_turn(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[list[PodRef]]:
     token = None
     while True:
         token, unread = fetch(token)
-        yield unread
+        page = _refs(unread)
+        del unread  # the caller judges the page while this frame waits: hold the refs, not the body
+        yield page
         if not token:
             return
 
 
-def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[Any]:
+def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[list[PodRef]]:
     """Pages listed by a daemon thread: the next page is requested as soon as the caller takes
     this one, before the caller decodes and judges it, so the API server works while this process
     reads. Two pages are held at most, as with one list at a time: the one being judged and the
@@ -214,7 +215,9 @@ def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterat
                 raise item
             room.release()
             unread, last = item
-            yield unread
+            page = _refs(unread)
+            del item, unread  # held while the caller judges the page: the refs, not the body
+            yield page
             if last:
                 return
     finally:
