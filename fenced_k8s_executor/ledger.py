@@ -66,7 +66,10 @@ def _read_postgresql(engine: Any, tasks: list) -> list:
         dbapi = conn.connection.dbapi_connection
         dbapi.autocommit = True
         try:
-            result = conn.exec_driver_sql(_postgresql_statement(engine), params)
+            # A client-side cursor whatever the engine's options: with stream_results SQLAlchemy
+            # reads a row ahead, which the raw fetch below would miss (a task read as gone).
+            result = conn.exec_driver_sql(_postgresql_statement(engine), params,
+                                          execution_options={"stream_results": False})
             try:
                 return result.cursor.fetchall()  # the driver's tuples: a Row per row cost more than the query
             finally:

@@ -66,3 +66,22 @@ def test_postgresql_read_runs_without_a_transaction_and_returns_the_connection_a
     # The default level, as found: an explicit one makes psycopg2 send a SET on every later
     # autocommit switch of this connection (the pool's pre-ping included).
     assert dbapi_connection.isolation_level is None
+
+
+def test_postgresql_read_misses_no_row_when_the_engine_streams_results(metadata_db, airflow):
+    """A deployment may turn on server-side cursors (``stream_results``) in its engine options;
+    SQLAlchemy then reads a row ahead, and a raw fetch after it would read that task as gone."""
+    from airflow import settings
+
+    dag_id = f"ledger_{uuid.uuid4().hex[:8]}"
+    airflow.add_dag(dag_id, ["a", "b", "c"])
+    try:
+        run = airflow.create_run(dag_id)
+        tasks = sorted((dag_id, t, run, -1) for t in ("a", "b", "c"))
+        streaming = settings.engine.execution_options(stream_results=True)
+
+        rows = ledger._read_postgresql(streaming, tasks)
+
+        assert sorted(row[6] for row in rows) == ["a", "b", "c"]
+    finally:
+        airflow.retire(dag_id)
