@@ -29,7 +29,7 @@ _LIST_CONTINUE = 3
 _NAME, _NAMESPACE, _UID, _DELETION_TIMESTAMP, _ANNOTATIONS = 1, 3, 5, 9, 12
 
 _LEN, _VARINT, _FIXED64, _FIXED32 = 2, 0, 1, 5
-_ENTRY_KEY, _ENTRY_VALUE = 1 << 3 | _LEN, 2 << 3 | _LEN  # the one-byte tags of a map entry's fields
+_ENTRY_KEY, _ENTRY_VALUE = 1 << 3 | _LEN, 2 << 3 | _LEN  # the tags of a map entry's key and value
 
 
 def decode_list(body: bytes) -> tuple[list[dict], str | None]:
@@ -41,7 +41,7 @@ def decode_list(body: bytes) -> tuple[list[dict], str | None]:
     token = None
     for number, s, e in _fields(buf, start, end):
         if number == _LIST_META:
-            token = _continue_in(buf, s, e) or token
+            token = _continue_in(buf, s, e, token)
         elif number == _LIST_ITEMS:
             for field, fs, fe in _fields(buf, s, e):
                 if field == _ITEM_META:
@@ -70,13 +70,13 @@ def continue_token(body: bytes) -> str | None:
     token = None
     for number, s, e in _fields(buf, start, end):
         if number == _LIST_META:
-            token = _continue_in(buf, s, e) or token
+            token = _continue_in(buf, s, e, token)
     return token or None
 
 
-def _continue_in(buf: bytes, start: int, end: int) -> str | None:
-    """The continue token of one ListMeta (None when it has none)."""
-    token = None
+def _continue_in(buf: bytes, start: int, end: int, token: str | None) -> str | None:
+    """The continue token after one more ListMeta: its own if it has one (a repeated message
+    merges into the one before), else ``token``."""
     for field, s, e in _fields(buf, start, end):
         if field == _LIST_CONTINUE:
             token = buf[s:e].decode()
@@ -124,16 +124,17 @@ def _entry(buf: bytes, pos: int, end: int) -> tuple[str, str]:
     key = value = ""
     while pos < end:
         tag = buf[pos]
+        pos += 1
+        if tag > 0x7F:
+            tag, pos = _varint(buf, pos - 1, end)
         if tag == _ENTRY_KEY or tag == _ENTRY_VALUE:
-            start, stop = _length(buf, pos + 1, end)
+            start, stop = _length(buf, pos, end)
             if tag == _ENTRY_KEY:
                 key = buf[start:stop].decode()
             else:
                 value = buf[start:stop].decode()
             pos = stop
-            continue
-        tag, pos = _varint(buf, pos, end)
-        if tag & 7 == _LEN:
+        elif tag & 7 == _LEN:
             pos = _length(buf, pos, end)[1]
         else:
             pos = _skip(buf, tag & 7, pos, end)

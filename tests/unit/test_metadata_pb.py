@@ -91,6 +91,7 @@ def test_a_malformed_page_is_an_error_never_a_page(body):
     (_text(2, "v"), ("", "v")),
     (_text(1, "k") + _text(2, "old") + _text(2, "v"), ("k", "v")),   # a repeated field: the last wins
     (_varint(3 << 3) + _varint(300) + _text(1, "k") + _field(20, b"x") + _text(2, "v"), ("k", "v")),  # unknown fields
+    (b"\x8a\x00" + _varint(1) + b"k" + _text(2, "v"), ("k", "v")),  # a tag in a padded (two-byte) varint
 ])
 def test_an_annotation_entry_reads_as_protobuf_says(entry, expected):
     item = _text(1, "p") + _field(12, entry)
@@ -106,3 +107,16 @@ def test_a_malformed_annotation_entry_is_an_error(entry):
     item = _text(1, "p") + _field(12, entry)
     with pytest.raises(ValueError):
         metadata_pb.decode_list(metadata_pb.MAGIC + _field(2, _field(2, _field(1, item))))
+
+
+@pytest.mark.parametrize("list_metas, token", [
+    ([_text(3, "a")], "a"),
+    ([_text(3, "a"), _text(2, "7")], "a"),       # a repeated ListMeta merges: no continue keeps "a"
+    ([_text(3, "a"), _text(3, "")], None),       # an explicit empty continue replaces it
+    ([_text(3, "a"), _text(3, "b")], "b"),
+])
+def test_a_repeated_list_meta_merges_as_protobuf_says(list_metas, token):
+    envelope = metadata_pb.MAGIC + _field(2, b"".join(_field(1, meta) for meta in list_metas))
+
+    assert metadata_pb.decode_list(envelope)[1] == token
+    assert metadata_pb.continue_token(envelope) == token
