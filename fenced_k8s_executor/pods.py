@@ -159,8 +159,8 @@ def list_pages(
     """Yield pages of pods as metadata only (PartialObjectMetadataList), following ``continue``.
 
     ``namespace`` None lists all namespaces. One API call per page. With ``prefetch`` (the sweep)
-    a helper thread requests each page as soon as the previous one's continue token is read,
-    before its items are decoded (``_read_ahead``).
+    a helper thread requests the next page as soon as the caller takes this one, before this one
+    is decoded (``_read_ahead``).
     """
 
     def fetch(token: str | None) -> tuple[str | None, Any]:
@@ -184,9 +184,9 @@ def _in_turn(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[
 def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[list[PodRef]]:
     """Pages listed by a daemon thread: the next page is requested as soon as the caller takes
     this one, before the caller decodes and judges it, so the API server works while this process
-    reads. Two pages are held at most, as with one list at a time: the one being judged and the
-    next. The thread stops when the caller does (a scheduler's exit never waits for a list in
-    flight); a failed list is raised to the caller after the pages before it."""
+    reads. Held at once: the page being judged, the next one's body while it is decoded, and the
+    one after it arriving. The thread stops when the caller does (a scheduler's exit never waits
+    for a list in flight); a failed list is raised to the caller after the pages before it."""
     slot: queue.Queue = queue.Queue()
     room = threading.Semaphore(1)  # released when the caller takes a page
     stop = threading.Event()
@@ -202,6 +202,7 @@ def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterat
                     return
                 token, unread = fetch(token)
                 slot.put((unread, not token))
+                unread = None  # the caller's now: not held through the next list
                 if not token:
                     return
         except BaseException as error:  # handed to the caller, who decides
@@ -218,6 +219,7 @@ def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterat
             page = _refs(unread)
             del item, unread  # held while the caller judges the page: the refs, not the body
             yield page
+            page = None
             if last:
                 return
     finally:
