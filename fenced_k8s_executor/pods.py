@@ -252,8 +252,8 @@ def _request_page(kube_client: Any, namespace: str | None, label_selector: str, 
 
 
 def _split(body: bytes, media: str) -> tuple[str | None, Any]:
-    """(the continue token, the page still to read): protobuf is read for its token alone (the
-    list's metadata comes before its items), JSON is parsed once."""
+    """(the continue token, the page still to read): protobuf is read for its token alone
+    (``metadata_pb.continue_token`` skips the items by their lengths), JSON is parsed once."""
     if media == metadata_pb.MEDIA_TYPE:
         return metadata_pb.continue_token(body), body
     data = json.loads(body)
