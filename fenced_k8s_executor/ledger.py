@@ -125,7 +125,7 @@ def _rows_of(rows: list, wanted: set) -> dict[TaskKey, TaskRow]:
             dag_id=row[5],
             task_id=row[6],
             run_id=row[7],
-            map_index=int(row[8]),
+            map_index=task[3],
         )
-        found[task_row.task] = task_row
+        found[task] = task_row
     return found

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fenced_k8s_executor.launch import LaunchIdentity, as_token, from_pod_metadata, pod_name
-from fenced_k8s_executor.names import TI_ID_LABEL, TOKEN_ANNOTATION, TOKEN_LABEL
+from fenced_k8s_executor.names import (TI_ID_ANNOTATION, TI_ID_LABEL, TOKEN_ANNOTATION, TOKEN_LABEL,
+                                       TRY_NUMBER_ANNOTATION)
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -32,6 +33,17 @@ def test_identity_round_trips_through_pod_metadata():
 def test_pod_without_our_annotations_is_legacy():
     assert from_pod_metadata({"dag_id": "d", "task_id": "t", "try_number": "1"}) is None
     assert from_pod_metadata(None) is None
+
+
+def test_task_coordinates_come_from_the_providers_annotations():
+    """The provider writes map_index only for a mapped task (>= 0): absent reads as -1."""
+    base = {TI_ID_ANNOTATION: "x", TOKEN_ANNOTATION: str(uuid.uuid4()), TRY_NUMBER_ANNOTATION: "2",
+            "dag_id": "d", "task_id": "t", "run_id": "r"}
+    assert from_pod_metadata(base).task == ("d", "t", "r", -1)
+    assert from_pod_metadata({**base, "map_index": "4"}).task == ("d", "t", "r", 4)
+    assert from_pod_metadata({**base, "map_index": "garbage"}).map_index == -1
+    assert from_pod_metadata(base).try_number == 2
+    assert from_pod_metadata({**base, TRY_NUMBER_ANNOTATION: "x"}).try_number == 0
 
 
 def test_garbled_token_annotation_reads_as_no_token():
