@@ -47,14 +47,10 @@ class LaunchBook:
 
     # ------------------------------------------------------------ recording
 
-    def queued(self, key: Hashable, token: str | None) -> None:
-        """The executor put ``key`` in ``running`` for the launch of ``token`` (execute_async;
-        None: a legacy launch)."""
-        self.queued_all([(key, token)])
-
     def queued_all(self, pairs: Iterable[tuple[Hashable, str | None]]) -> None:
-        """``queued`` for a whole trigger_tasks batch, under one lock. Only the tokens: this runs
-        for every workload the scheduler queues."""
+        """The executor put each ``key`` in ``running`` for the launch of its ``token``
+        (execute_async; None: a legacy launch): a whole trigger_tasks batch under one lock. Only
+        the tokens: this runs for every workload the scheduler queues."""
         with self._lock:
             for key, token in pairs:
                 self._holders[key] = token or ""

@@ -21,9 +21,9 @@ def launch(token: str | None = None) -> LaunchIdentity:
 def test_a_stale_launch_frees_its_own_slot_once_and_never_a_newer_ones():
     book = LaunchBook()
     old, new = launch(), launch()
-    book.queued("k", old.token)
+    book.queued_all([("k", old.token)])
     assert book.holds("k", old)
-    book.queued("k", new.token)  # the same key re-queued with a new token on this scheduler
+    book.queued_all([("k", new.token)])  # the same key re-queued with a new token on this scheduler
     assert not book.release("k", old)  # the old launch's event must not free the new slot
     assert book.holder("k") == new.token
     assert book.release("k", new)
@@ -34,9 +34,9 @@ def test_a_stale_launch_frees_its_own_slot_once_and_never_a_newer_ones():
 def test_pending_launches_are_those_not_seen_running_and_still_in_running():
     book = LaunchBook()
     a, b = launch(), launch()
-    book.queued("k1", a.token)
+    book.queued_all([("k1", a.token)])
     book.created("k1", "pod-a", "ns", a)
-    book.queued("k2", b.token)
+    book.queued_all([("k2", b.token)])
     book.created("k2", "pod-b", "ns", b)
     assert {p.name for p in book.pending()} == {"pod-a", "pod-b"}
     book.observed("pod-a")
@@ -75,7 +75,7 @@ def test_every_key_that_enters_running_leaves_it_exactly_once(plan):
             fresh = launch()
             launches[key].append(fresh)
             running.add(key)
-            book.queued(key, fresh.token)
+            book.queued_all([(key, fresh.token)])
         elif action == "stale_event" and len(launches[key]) >= 2:
             stale = launches[key][0]
             if book.release(key, stale):
