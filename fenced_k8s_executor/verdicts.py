@@ -70,12 +70,12 @@ class Verdict:
     reason: Reason
 
 
-def _reason(s: Standing) -> Reason:
-    return {
-        Standing.CURRENT: Reason.CURRENT,
-        Standing.SUPERSEDED: Reason.SUPERSEDED,
-        Standing.TASK_GONE: Reason.TASK_GONE,
-    }.get(s, Reason.LEGACY)
+_REASONS = {Standing.CURRENT: Reason.CURRENT, Standing.SUPERSEDED: Reason.SUPERSEDED,
+            Standing.TASK_GONE: Reason.TASK_GONE}
+#: ``is_stale``'s verdict per standing, and the foreign one: shared immutable values, so that a
+#: sweep or a loop's reconcile builds no object per pod for them.
+_STATE_VERDICTS = {s: Verdict(s in STALE, False, _REASONS.get(s, Reason.LEGACY)) for s in Standing}
+_FOREIGN = Verdict(False, False, Reason.FOREIGN)
 
 
 def should_create(launch: LaunchIdentity, row: TaskRow | None, scheduler_job_id: int | None) -> Verdict:
@@ -107,8 +107,7 @@ def should_create(launch: LaunchIdentity, row: TaskRow | None, scheduler_job_id:
 def is_stale(launch: LaunchIdentity | None, row: TaskRow | None) -> Verdict:
     """State change (watcher or adopted completed pod): ``act`` = the event belongs to a stale
     launch and must not reach the scheduler. Needs no ownership: swallowing deletes nothing."""
-    s = standing(launch, row)
-    return Verdict(s in STALE, False, _reason(s))
+    return _STATE_VERDICTS[standing(launch, row)]
 
 
 def should_delete(launch: LaunchIdentity | None, row: TaskRow | None, deployment: str | None) -> Verdict:
@@ -118,7 +117,7 @@ def should_delete(launch: LaunchIdentity | None, row: TaskRow | None, deployment
     """
     verdict = is_stale(launch, row)
     if verdict.act and not owned(launch, deployment):
-        return Verdict(False, False, Reason.FOREIGN)
+        return _FOREIGN
     return verdict
 
 
