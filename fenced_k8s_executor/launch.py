@@ -68,7 +68,7 @@ class LaunchIdentity:
     dag_id: str | None = None
     task_id: str | None = None
     run_id: str | None = None
-    map_index: int = -1
+    map_index: int | None = -1  # None: the pod's map_index did not read as one
     deployment: str | None = None
 
     @property
@@ -78,7 +78,7 @@ class LaunchIdentity:
     @property
     def task(self) -> TaskKey | None:
         """The task this launch is for, or None when the pod does not say (legacy pods)."""
-        if not (self.dag_id and self.task_id and self.run_id):
+        if not (self.dag_id and self.task_id and self.run_id) or self.map_index is None:
             return None
         return (self.dag_id, self.task_id, self.run_id, int(self.map_index))
 
@@ -127,12 +127,20 @@ class TaskRow:
 
 
 def _int(value: object, default: int) -> int:
-    if value is None:  # an unmapped task's pod has no map_index: no exception per pod (0.9 us)
-        return default
     try:
         return int(str(value))
     except (TypeError, ValueError):
         return default
+
+
+def _map_index(value: str | None) -> int | None:
+    """-1 when absent (the provider writes it only for a mapped task), the number when it is
+    one, and None otherwise: a pod whose map index does not read exactly names no task, so it
+    is never fenced (read as -1, a mapped task's pod would look like a task without a row)."""
+    if value is None:
+        return -1
+    digits = value[1:] if value.startswith("-") else value
+    return int(value) if digits.isascii() and digits.isdigit() else None
 
 
 def from_pod_metadata(annotations: Mapping[str, str] | None) -> LaunchIdentity | None:
@@ -153,7 +161,7 @@ def from_pod_metadata(annotations: Mapping[str, str] | None) -> LaunchIdentity |
         dag_id=annotations.get("dag_id"),
         task_id=annotations.get("task_id"),
         run_id=annotations.get("run_id"),
-        map_index=_int(annotations.get("map_index"), -1),
+        map_index=_map_index(annotations.get("map_index")),
         deployment=annotations.get(DEPLOYMENT_ANNOTATION) or None,
     )
 

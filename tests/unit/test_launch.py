@@ -8,8 +8,9 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fenced_k8s_executor import verdicts
 from fenced_k8s_executor.launch import LaunchIdentity, as_token, from_pod_metadata, pod_name
-from fenced_k8s_executor.names import (TI_ID_ANNOTATION, TI_ID_LABEL, TOKEN_ANNOTATION, TOKEN_LABEL,
+from fenced_k8s_executor.names import (DEPLOYMENT_ANNOTATION, TI_ID_ANNOTATION, TI_ID_LABEL, TOKEN_ANNOTATION, TOKEN_LABEL,
                                        TRY_NUMBER_ANNOTATION)
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -36,12 +37,17 @@ def test_pod_without_our_annotations_is_legacy():
 
 
 def test_task_coordinates_come_from_the_providers_annotations():
-    """The provider writes map_index only for a mapped task (>= 0): absent reads as -1."""
+    """The provider writes map_index only for a mapped task (>= 0): absent reads as -1, and one
+    that does not read exactly as a number names no task."""
     base = {TI_ID_ANNOTATION: "x", TOKEN_ANNOTATION: str(uuid.uuid4()), TRY_NUMBER_ANNOTATION: "2",
-            "dag_id": "d", "task_id": "t", "run_id": "r"}
+            DEPLOYMENT_ANNOTATION: "ours", "dag_id": "d", "task_id": "t", "run_id": "r"}
+    assert verdicts.should_delete(from_pod_metadata(base), None, "ours").act  # task gone: stale
     assert from_pod_metadata(base).task == ("d", "t", "r", -1)
     assert from_pod_metadata({**base, "map_index": "4"}).task == ("d", "t", "r", 4)
-    assert from_pod_metadata({**base, "map_index": "garbage"}).map_index == -1
+    for garbled in ("garbage", "3x", "1_0", " 3", "", "\u0663"):  # int() would take some of these
+        launch = from_pod_metadata({**base, "map_index": garbled})
+        assert launch.task is None, garbled  # names no task: never fenced, whatever the row
+        assert verdicts.should_delete(launch, None, "ours").act is False
     assert from_pod_metadata(base).try_number == 2
     assert from_pod_metadata({**base, TRY_NUMBER_ANNOTATION: "x"}).try_number == 0
 
