@@ -450,6 +450,27 @@ def test_heartbeat_never_raises_under_api_error_bursts(world, needs_emulator, de
 # ---------------------------------------------------------------------------- item 5: the sweep thread
 
 
+def test_a_sweep_list_that_never_answers_gives_up_and_lets_go_of_the_lock(world, needs_emulator, monkeypatch):
+    """The sweep's own calls carry a timeout when the request args set none: a list that never
+    answers ends the sweep with an error, and its advisory lock with it, where it held both until
+    the connection dropped (with no timeout, for good)."""
+    from fenced_k8s_executor import sweep
+
+    monkeypatch.setattr(sweep, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
+    sweeper = world.sweeper()
+    assert world.sweeper(request_args={"_request_timeout": 7}).request_args["_request_timeout"] == 7
+    world.emulator.add_fault(method="GET", path=r"/pods$", persist_then_timeout=True, hang_seconds=25)
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(sweeper.run_once()), daemon=True)
+    thread.start()
+    thread.join(timeout=15)  # the client's own retries included: 4 reads of 1 s
+    assert done, "the sweep still waits on a list that never answers"
+    assert done[0].errors and done[0].pages == 0
+    world.emulator.clear_faults()
+    report = world.sweeper().run_once()
+    assert report.skipped is None and not report.errors and report.pages == 1  # the lock was let go
+
+
 def test_sweep_survives_list_and_delete_faults(world, needs_emulator, api_errors):
     """The fenced sweep (fenced only: stock has none) lists while LISTs fail, then finds a stale
     pod while DELETEs fail: errors are counted, nothing raises, the pod goes on a later sweep."""
