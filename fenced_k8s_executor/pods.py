@@ -184,9 +184,11 @@ def _in_turn(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[
 def _read_ahead(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[list[PodRef]]:
     """Pages listed by a daemon thread: the next page is requested as soon as the caller takes
     this one, before the caller decodes and judges it, so the API server works while this process
-    reads. Held at once: the page being judged, the next one's body while it is decoded, and the
-    one after it arriving. The thread stops when the caller does (a scheduler's exit never waits
-    for a list in flight); a failed list is raised to the caller after the pages before it."""
+    reads. Held at once: the refs of the page the caller took last (until it takes the next),
+    the next one's body while it is decoded, and the one after it arriving; the sweep's delete
+    queue holds up to a page of refs more. The thread stops when the caller does (a scheduler's
+    exit never waits for a list in flight); a failed list is raised to the caller after the pages
+    before it."""
     slot: queue.Queue = queue.Queue()
     room = threading.Semaphore(1)  # released when the caller takes a page
     stop = threading.Event()
