@@ -244,13 +244,13 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         selector = f"airflow-worker={self._make_safe_label_value(str(self.scheduler_job_id))},{TOKEN_LABEL}"
         for namespace in self._namespaces():
             for page in pods.list_pages(self.kube_client, namespace, label_selector=selector,
-                                        request_args=self.kube_config.kube_client_request_args):
+                                        request_args=self._api_args):
                 self.book.remember_all((ref.name, ref.launch) for ref in page if ref.launch is not None)
 
     def _launch_of_pod(self, name: str, namespace: str) -> LaunchIdentity | None:
         launch = self.book.launch_of(name)
         if launch is None:
-            ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
+            ref = pods.read_ref(self.kube_client, name, namespace, self._api_args)
             launch = ref.launch if ref is not None else None
             if launch is not None:
                 self.book.remember(name, launch)
@@ -281,7 +281,7 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         already terminating); None: could not tell (API error), try again later.
         """
         try:
-            ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
+            ref = pods.read_ref(self.kube_client, name, namespace, self._api_args)
         except Exception as error:
             if guards.is_api_error(error):
                 guards.report("read", error, then=f"pod {namespace}/{name} checked again later")
@@ -294,7 +294,7 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
             return False
         if not verdicts.owned(ref.launch, self.deployment):
             return False
-        deleted = pods.delete(self.kube_client, ref, self.kube_config.kube_client_request_args)
+        deleted = pods.delete(self.kube_client, ref, self._api_args)
         if deleted is None:
             return None  # API error: the caller keeps the launch for another look
         if deleted:

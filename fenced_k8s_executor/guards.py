@@ -71,6 +71,14 @@ class ApiGuard:
         self._deferred_results: list = []  # state changes an API error postponed to the next loop
         self._pending_adoption: dict[Any, _Orphan] = {}  # adopted in the DB, pods not relabelled yet
 
+    @property
+    def _api_args(self) -> dict:
+        """Request args of the fences' own API calls: the provider's, with a timeout unless
+        they set one (``pods.REQUEST_TIMEOUT``)."""
+        from fenced_k8s_executor import pods
+
+        return pods.request_args(self.kube_config.kube_client_request_args)
+
     # ---------------------------------------------------------------- heartbeat
 
     def sync(self) -> None:

@@ -32,12 +32,6 @@ def label_selector(deployment: str) -> str:
     return f"{SWEEP_LABEL_SELECTOR},{DEPLOYMENT_LABEL}={deployment}"
 #: Finished pods are the watcher's business (and cost nothing to keep).
 SWEEP_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
-#: (connect, read) seconds after which the sweep's own calls give up, unless
-#: ``kube_client_request_args`` sets ``_request_timeout``: a list or delete that never answers
-#: (a dead connection) would otherwise hold the sweep, and the advisory lock with it, for good.
-#: kube-apiserver ends a non-watch request after 60 s itself (``--request-timeout``), so this
-#: cuts only connections nobody answers on.
-REQUEST_TIMEOUT = (30.0, 120.0)
 #: Advisory lock id shared by every scheduler of one metadata DB ("fencedk8" in ASCII).
 ADVISORY_LOCK_KEY = 0x66656E6365646B38 & 0x7FFFFFFFFFFFFFFF
 
@@ -77,7 +71,7 @@ class Sweeper:
         self.page_size = page_size
         self.enforcing = enforcing
         self.deployment = deployment
-        self.request_args = {"_request_timeout": REQUEST_TIMEOUT, **(request_args or {})}
+        self.request_args = pods.request_args(request_args)  # with a timeout unless configured
         self._read_rows = read_rows
         self._lock = lock if lock is not None else advisory_lock
         self._on_stale = on_stale

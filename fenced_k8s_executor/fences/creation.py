@@ -219,7 +219,7 @@ class CreationFence:
         if launch is None or not launch.token or not name:
             return False
         try:
-            ref = pods.read_ref(self.kube_client, name, namespace, self.kube_config.kube_client_request_args)
+            ref = pods.read_ref(self.kube_client, name, namespace, self._api_args)
         except Exception:
             return None
         if ref is None:  # gone again since the 409: create it on the next loop
@@ -244,6 +244,6 @@ class CreationFence:
         body = {"metadata": {"labels": {"airflow-worker": self._make_safe_label_value(str(self.scheduler_job_id))}}}
         try:
             self.kube_client.patch_namespaced_pod(name=name, namespace=namespace, body=body,
-                                                  **(self.kube_config.kube_client_request_args or {}))
+                                                  **self._api_args)
         except Exception as error:  # the owner of the label still watches it; nothing is lost
             log.warning("fenced_k8s_executor could not relabel pod %s/%s: %r", namespace, name, error)

@@ -87,7 +87,7 @@ class HandoverFence:
         phase = getattr(getattr(pod, "status", None), "phase", None)
         deleted = False
         if self._enforcing and verdicts.owned(ref.launch, self.deployment) and phase not in ("Succeeded", "Failed"):
-            deleted = pods.delete(kube_client, ref, self.kube_config.kube_client_request_args)
+            deleted = pods.delete(kube_client, ref, self._api_args)
         metrics.decision(
             "adoption.refused",
             path="adoption",
@@ -113,7 +113,7 @@ class HandoverFence:
                     self.kube_client,
                     namespace,
                     label_selector=f"{TI_ID_LABEL}={ti.id}",
-                    request_args=self.kube_config.kube_client_request_args,
+                    request_args=self._api_args,
                 ):
                     for ref in page:
                         if ref.deleting or ref.launch is None or ref.launch.ti_id != str(ti.id):
@@ -124,7 +124,7 @@ class HandoverFence:
                         if self._enforcing:
                             # Like the provider: a revoked pod's events are not the task's outcome.
                             self.kube_scheduler.patch_pod_revoked(pod_name=ref.name, namespace=ref.namespace)
-                            deleted = pods.delete(self.kube_client, ref, self.kube_config.kube_client_request_args)
+                            deleted = pods.delete(self.kube_client, ref, self._api_args)
                             if deleted:
                                 self.book.fenced(ref.name)
                         metrics.decision(

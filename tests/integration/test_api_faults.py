@@ -450,13 +450,41 @@ def test_heartbeat_never_raises_under_api_error_bursts(world, needs_emulator, de
 # ---------------------------------------------------------------------------- item 5: the sweep thread
 
 
+def test_a_fence_read_that_never_answers_does_not_hold_the_scheduler_loop(world, needs_emulator, monkeypatch):
+    """The fences' own calls in the loop carry a timeout when the request args set none: the
+    reconcile's read of a cleared launch's Pending pod that never answers gives up (no evidence:
+    the pod stays), the loop goes on, and the next loop deletes the pod."""
+    from fenced_k8s_executor import pods
+
+    monkeypatch.setattr(pods, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
+    monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS", "{}")  # the shipped default
+    sched = world.scheduler("fenced")
+    world.queue(sched)
+    sched.executor.sync()  # the pod is created and stays Pending
+    first = world.row("t1")
+    (stale,) = [p.metadata.name for p in world.live_pods(first)]
+    world.airflow.clear(first)
+    world.queue(sched)  # a new launch supersedes it
+    world.emulator.add_fault(method="GET", path=rf"/pods/{stale}$", persist_then_timeout=True, hang_seconds=25,
+                             who=sched.user)
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(sched.executor.sync()), daemon=True)
+    thread.start()
+    thread.join(timeout=15)  # the client's own retries included: 4 reads of 1 s
+    assert done, "the scheduler loop still waits on a read that never answers"
+    assert stale in {p.metadata.name for p in world.live_pods(first)}  # no evidence: left for later
+    world.emulator.clear_faults()
+    sched.executor.sync()
+    assert stale not in {p.metadata.name for p in world.live_pods(first)}
+
+
 def test_a_sweep_list_that_never_answers_gives_up_and_lets_go_of_the_lock(world, needs_emulator, monkeypatch):
     """The sweep's own calls carry a timeout when the request args set none: a list that never
     answers ends the sweep with an error, and its advisory lock with it, where it held both until
     the connection dropped (with no timeout, for good)."""
-    from fenced_k8s_executor import sweep
+    from fenced_k8s_executor import pods
 
-    monkeypatch.setattr(sweep, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
+    monkeypatch.setattr(pods, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
     sweeper = world.sweeper()
     assert world.sweeper(request_args={"_request_timeout": 7}).request_args["_request_timeout"] == 7
     world.emulator.add_fault(method="GET", path=r"/pods$", persist_then_timeout=True, hang_seconds=25)
