@@ -133,14 +133,15 @@ def _int(value: object, default: int) -> int:
         return default
 
 
-def _map_index(value: str | None) -> int | None:
+def _map_index(value: object) -> int | None:
     """-1 when absent (the provider writes it only for a mapped task), the number when it is
     one, and None otherwise: a pod whose map index does not read exactly names no task, so it
     is never fenced (read as -1, a mapped task's pod would look like a task without a row)."""
     if value is None:
         return -1
-    digits = value[1:] if value.startswith("-") else value
-    return int(value) if digits.isascii() and digits.isdigit() else None
+    text = value if isinstance(value, str) else str(value)
+    digits = text[1:] if text.startswith("-") else text
+    return int(text) if digits.isascii() and digits.isdigit() else None
 
 
 def from_pod_metadata(annotations: Mapping[str, str] | None) -> LaunchIdentity | None:
