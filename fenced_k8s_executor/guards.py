@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from kubernetes.client.rest import ApiException
 
@@ -25,6 +25,19 @@ from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import TRANSI
 from fenced_k8s_executor import metrics
 
 log = logging.getLogger("fenced_k8s_executor")
+
+#: (connect, read) seconds after which the fences' own calls give up, unless
+#: ``kube_client_request_args`` sets ``_request_timeout``: a call nobody answers (a dead
+#: connection) would otherwise hold the scheduler loop, or the sweep and its advisory lock, until
+#: TCP gives up, if ever. kube-apiserver ends a non-watch request after 60 s itself
+#: (``--request-timeout``), so this cuts only connections nobody answers on.
+REQUEST_TIMEOUT = (30.0, 120.0)
+
+
+def request_args(configured: Mapping | None) -> dict:
+    """The request args of a fence's own call: the configured ones (``kube_client_request_args``),
+    with ``REQUEST_TIMEOUT`` when they set no ``_request_timeout``."""
+    return {"_request_timeout": REQUEST_TIMEOUT, **(configured or {})}
 
 _API_ERRORS: tuple[type[BaseException], ...] = (
     ApiException,
@@ -74,10 +87,8 @@ class ApiGuard:
     @property
     def _api_args(self) -> dict:
         """Request args of the fences' own API calls: the provider's, with a timeout unless
-        they set one (``pods.REQUEST_TIMEOUT``)."""
-        from fenced_k8s_executor import pods
-
-        return pods.request_args(self.kube_config.kube_client_request_args)
+        they set one (``REQUEST_TIMEOUT``)."""
+        return request_args(self.kube_config.kube_client_request_args)
 
     # ---------------------------------------------------------------- heartbeat
 

@@ -22,22 +22,9 @@ from fenced_k8s_executor.launch import LaunchIdentity, from_pod_metadata
 
 log = logging.getLogger("fenced_k8s_executor")
 
-#: (connect, read) seconds after which the fences' own calls give up, unless
-#: ``kube_client_request_args`` sets ``_request_timeout``: a call nobody answers (a dead
-#: connection) would otherwise hold the scheduler loop, or the sweep and its advisory lock, until
-#: TCP gives up, if ever. kube-apiserver ends a non-watch request after 60 s itself
-#: (``--request-timeout``), so this cuts only connections nobody answers on.
-REQUEST_TIMEOUT = (30.0, 120.0)
-
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
 #: Protobuf where the server speaks it (kube-apiserver), JSON otherwise: see ``metadata_pb``.
 LIST_ACCEPT = f"{metadata_pb.ACCEPT}, {METADATA_LIST_ACCEPT}"
-
-
-def request_args(configured: Mapping | None) -> dict:
-    """The request args of a fence's own call: the configured ones (``kube_client_request_args``),
-    with ``REQUEST_TIMEOUT`` when they set no ``_request_timeout``."""
-    return {"_request_timeout": REQUEST_TIMEOUT, **(configured or {})}
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ class Sweeper:
         self.page_size = page_size
         self.enforcing = enforcing
         self.deployment = deployment
-        self.request_args = pods.request_args(request_args)  # with a timeout unless configured
+        self.request_args = guards.request_args(request_args)  # with a timeout unless configured
         self._read_rows = read_rows
         self._lock = lock if lock is not None else advisory_lock
         self._on_stale = on_stale

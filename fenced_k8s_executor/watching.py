@@ -41,8 +41,7 @@ from urllib3.exceptions import ReadTimeoutError
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import ALL_NAMESPACES, POD_EXECUTOR_DONE_KEY
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import KubernetesJobWatcher
 
-from fenced_k8s_executor import metrics
-from fenced_k8s_executor.pods import request_args as fence_request_args
+from fenced_k8s_executor import guards, metrics
 
 log = logging.getLogger("fenced_k8s_executor")
 
@@ -182,7 +181,7 @@ class ResilientJobWatcher(KubernetesJobWatcher):
         """List the watched pods, queue the events the gap hid, return the resourceVersion to
         watch from. Raises on API errors (the cycle is retried, the relist with it)."""
         selector = f"airflow-worker={scheduler_job_id},{POD_EXECUTOR_DONE_KEY}!=True"
-        request_args = fence_request_args(kube_config.kube_client_request_args)
+        request_args = guards.request_args(kube_config.kube_client_request_args)
         pods, list_rv = self._list(kube_client, selector, request_args)
         sanitize = kube_client.api_client.sanitize_for_serialization
         events: list[dict] = []

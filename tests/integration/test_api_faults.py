@@ -454,9 +454,9 @@ def test_a_fence_read_that_never_answers_does_not_hold_the_scheduler_loop(world,
     """The fences' own calls in the loop carry a timeout when the request args set none: the
     reconcile's read of a cleared launch's Pending pod that never answers gives up (no evidence:
     the pod stays), the loop goes on, and the next loop deletes the pod."""
-    from fenced_k8s_executor import pods
+    from fenced_k8s_executor import guards
 
-    monkeypatch.setattr(pods, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
+    monkeypatch.setattr(guards, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
     monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS", "{}")  # the shipped default
     sched = world.scheduler("fenced")
     world.queue(sched)
@@ -482,9 +482,9 @@ def test_a_sweep_list_that_never_answers_gives_up_and_lets_go_of_the_lock(world,
     """The sweep's own calls carry a timeout when the request args set none: a list that never
     answers ends the sweep with an error, and its advisory lock with it, where it held both until
     the connection dropped (with no timeout, for good)."""
-    from fenced_k8s_executor import pods
+    from fenced_k8s_executor import guards
 
-    monkeypatch.setattr(pods, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
+    monkeypatch.setattr(guards, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
     sweeper = world.sweeper()
     assert world.sweeper(request_args={"_request_timeout": 7}).request_args["_request_timeout"] == 7
     world.emulator.add_fault(method="GET", path=r"/pods$", persist_then_timeout=True, hang_seconds=25)
