@@ -279,11 +279,14 @@ class Scheduler:
         self.runner = SchedulerJobRunner(job=job, executors=executors)
 
     @staticmethod
-    def new_job() -> Any:
-        """A running SchedulerJob row (what ``airflow scheduler`` writes at start); returns the Job."""
+    def new_job(hostname: str | None = None) -> Any:
+        """A running SchedulerJob row (what ``airflow scheduler`` writes at start); returns the Job.
+        ``hostname``: the host it runs on (default: this machine's, as airflow-core records it)."""
         from airflow.jobs.job import Job
 
         job = Job(job_type="SchedulerJob")
+        if hostname is not None:
+            job.hostname = hostname
         job.prepare_for_execution()
         return job
 
@@ -371,17 +374,26 @@ class Scheduler:
             return self.runner.adopt_or_reset_orphaned_tasks(session=session)
 
     def stop(self) -> None:
-        """End the executors and complete the Job (a clean scheduler exit)."""
+        """A clean scheduler exit, as ``airflow scheduler`` makes it on SIGTERM: the executors are
+        ended (``SchedulerJobRunner._execute``'s ``finally``), ``execute_job`` marks the Job
+        ``success`` and ``run_job`` completes it, so peers see a stopped scheduler, not a live one
+        whose heartbeat has yet to age out."""
+        from airflow.jobs.job import execute_job
+
+        if self.job.state != "running":
+            return  # stopped already (or never started)
+        try:
+            execute_job(self.job, execute_callable=self._end_executors)
+        finally:
+            self.job.complete_execution()
+
+    def _end_executors(self) -> None:
         for executor in self.executors:
             try:
                 if getattr(executor, "task_queue", None) is not None or getattr(executor, "kube_scheduler", None):
                     executor.end()
-            except Exception:
+            except Exception:  # as _execute does: one executor's failure does not skip the others
                 pass
-        try:
-            self.job.complete_execution()
-        except Exception:
-            pass
 
 
 def _name(executor: Any) -> None:
