@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import signal
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -93,6 +94,16 @@ class ResilientJobWatcher(KubernetesJobWatcher):
         self.errors = 0
 
     # ---------------------------------------------------------------- the watch loop
+
+    def run(self) -> None:
+        """The provider's loop, after giving SIGTERM its default action back. This process is
+        forked from the scheduler after it registered ``_exit_gracefully``, which does nothing
+        outside the main process: ``terminate()`` at shutdown was ignored and the scheduler's
+        ``end()`` waited 20 s for each watcher before killing it, with its Job still ``running``,
+        so its peers could not take over its launches. Nothing here needs a graceful exit: it holds
+        no DB session, and the events it queued stay queued for ``end()`` to flush."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        super().run()
 
     def _run(self, kube_client: Any, resource_version: str | None, scheduler_job_id: str, kube_config: Any) -> str | None:
         """One watch cycle of the provider, with a relist before it when needed and every error
