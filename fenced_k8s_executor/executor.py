@@ -1,9 +1,9 @@
 """FencedKubernetesExecutor: the provider's KubernetesExecutor with launch-token fences wired in.
 
 Wiring only: the class gives every pod its launch identity and composes the per-path fences
-(``fences.creation``, ``fences.events``, ``fences.handover``); each override asks a pure verdict
-(``verdicts``) about data read by ``ledger`` (DB) and ``pods`` (Kubernetes), acts on it, and
-otherwise hands over to ``super()``.
+(``fences.creation``, ``fences.events``, ``fences.inflight``, ``fences.handover``), one override per
+provider hook, each reading guard (``guards``), fence, then ``super()``; a fence asks a pure
+verdict (``verdicts``) about data read by ``ledger`` (DB) and ``pods`` (Kubernetes) and acts on it.
 """
 
 from __future__ import annotations
@@ -17,18 +17,20 @@ from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import Kube
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import AirflowKubernetesScheduler
 
 from fenced_k8s_executor import compat, config, guards, metrics, pods, stamp, verdicts
-from fenced_k8s_executor.fences.common import FAILED, QUEUED, workload_of
+from fenced_k8s_executor.fences.common import FAILED, QUEUED, Loop, workload_of
 from fenced_k8s_executor.fences.creation import CreationFence
 from fenced_k8s_executor.fences.events import EventFence
 from fenced_k8s_executor.fences.handover import HandoverFence
+from fenced_k8s_executor.fences.inflight import InFlightFence
 from fenced_k8s_executor.guards import ApiGuard
 from fenced_k8s_executor.launch import LaunchIdentity, as_token, pod_name
 from fenced_k8s_executor.launches import LaunchBook
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import TOKEN_LABEL
+from fenced_k8s_executor.pending import PendingPods
 from fenced_k8s_executor.stock_identity import StockMetricIdentity
 from fenced_k8s_executor.sweep import Sweeper
-from fenced_k8s_executor.watching import ResilientWatcherMixin
+from fenced_k8s_executor.watching import install_resilient_watchers
 
 if TYPE_CHECKING:
     from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesJob
@@ -36,7 +38,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("fenced_k8s_executor")
 
 
-class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdentity, CreationFence, EventFence,
+#: Seconds ``start()`` waits for the first list of this deployment's Pending pods; past that the
+#: scheduler starts anyway and the picture fills in when the API answers.
+PENDING_LIST_WAIT = 30.0
+
+
+class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, EventFence, InFlightFence,
                                HandoverFence, KubernetesExecutor):
     """KubernetesExecutor whose pods carry their launch token and whose every path checks it."""
 
@@ -49,15 +56,12 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         self.fence: config.FencedConfig | None = None
         self.deployment: str | None = None
         self.sweeper: Sweeper | None = None
+        self.pending_pods: PendingPods | None = None  # this deployment's Pending pods, any scheduler's
         self.book = LaunchBook()  # every launch this scheduler has in flight, and its pods
-        # Per-loop scratch of the creation and state-change fences (never across loops).
-        self._carry: deque[KubernetesJob] = deque()  # fenced batch jobs not reached this loop
-        self._precreate: dict[int, tuple[LaunchIdentity, verdicts.Verdict]] = {}
-        self._publish_failed: set[int] = set()
-        self._state_verdicts: dict[int, tuple[LaunchIdentity | None, verdicts.Verdict, Any]] = {}
-        self._reconciled = False
-        self._loop_rows: tuple[set, dict] | None = None  # this loop's one read: (tasks covered, rows)
+        self._loop_state: Loop | None = None  # what this loop's fences read and decided
+        self._carry: deque[KubernetesJob] = deque()  # fenced batch jobs not reached last loop
         self._claim_lifetime = 600.0
+        self._handover_after = 10.0  # seconds without a heartbeat after which a peer's launches are re-checked here
         self._adopting: dict = {}  # key -> TI, during try_adopt_task_instances
         self._queued_batch: list | None = None  # (key, workload) queued by this trigger_tasks
 
@@ -69,9 +73,18 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         from airflow.configuration import conf
 
         self._claim_lifetime = conf.getfloat("scheduler", "task_queued_timeout")
+        self._handover_after = handover_after(conf.getfloat("scheduler", "scheduler_heartbeat_sec"),
+                                              conf.getfloat("scheduler", "scheduler_health_check_threshold"))
         super().start()
+        install_resilient_watchers(self.kube_scheduler)
         if self.fence.mode is not config.Mode.OFF:
             self._stamp_built_pods()
+        if self.fence.fencing:
+            self.pending_pods = PendingPods(self.kube_client, self._namespaces(), self.deployment,
+                                            request_args=self.kube_config.kube_client_request_args)
+            if not self.pending_pods.start(wait=PENDING_LIST_WAIT):
+                log.warning("fenced_k8s_executor started before this deployment's Pending pods could be listed: "
+                            "they are re-checked once the API answers")
         if self.fence.fencing and self.fence.sweep_interval > 0:
             self.sweeper = Sweeper(
                 kube_client=self.kube_client,
@@ -93,11 +106,22 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
         return conf.get("database", "sql_alchemy_conn")
 
     def end(self) -> None:
+        if self.pending_pods is not None:
+            self.pending_pods.stop()
         if self.task_queue is not None:
             for job in self._carry:  # hand unreached jobs back so the provider flushes them
                 self.task_queue.put(job)
             self._carry.clear()
         super().end()
+
+    def sync(self) -> None:
+        """Guard, fence, stock: what an API error postponed goes first; the fenced loop (one DB read
+        for every fence of the loop, the in-flight reconcile) wraps the provider's sync; an API
+        error ends this loop early, never the scheduler."""
+        self._resume_postponed()
+        with guards.reporting_api_errors("sync"):
+            with self._fenced_loop():
+                super().sync()
 
     @property
     def _fencing(self) -> bool:
@@ -322,6 +346,14 @@ class FencedKubernetesExecutor(ApiGuard, ResilientWatcherMixin, StockMetricIdent
                 self._delete_launch_pod(name, namespace, launch, "finished", verdict, None)
         else:
             self.kube_scheduler.patch_pod_executor_done(pod_name=name, namespace=namespace)
+
+
+def handover_after(heartbeat_sec: float, health_check_threshold: float) -> float:
+    """Seconds without a heartbeat after which this scheduler re-checks a peer's launches in
+    flight: two heartbeats missed (a stopping scheduler stops heartbeating at once), and never
+    later than airflow-core itself calls a scheduler dead. Taking a live peer for stopped costs a
+    second look at its launches, never a wrong delete."""
+    return max(1.0, min(2.0 * heartbeat_sec, health_check_threshold))
 
 
 compat.check(KubernetesExecutor, BaseExecutor, AirflowKubernetesScheduler)  # the provider's, not our overrides

@@ -6,7 +6,8 @@ adoption LIST in ``sync()`` (a 500 there crashes the scheduler), the LIST in ``r
 pod DELETE or a dropped PATCH inside ``_change_state``, which the provider re-queues on the very
 queue it is draining, so a persistent fault spins the heartbeat forever.
 
-:class:`ApiGuard` wraps those calls narrowly (each override calls ``super()``). An API error
+:class:`ApiGuard` and the helpers here wrap those calls narrowly: each hook has one override,
+reading guard, fence, stock (``super()``), in the fence module of its path. An API error
 (any ``ApiException``: 5xx, 429, 403, ...; a connection error or timeout) is logged once,
 counted as ``api_error`` tagged with the call and the status, and the work is retried on the
 next loop. An API error is never evidence: nothing is deleted, reset or dropped because of it.
@@ -15,8 +16,9 @@ next loop. An API error is never evidence: nothing is deleted, reset or dropped 
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from kubernetes.client.rest import ApiException
 
@@ -76,8 +78,43 @@ class _Orphan:
     queued_by_job_id: int
 
 
+@contextmanager
+def reporting_api_errors(call: str, then: str = "retrying next loop") -> Iterator[None]:
+    """Report an API error (``report``) instead of raising it; any other error is raised."""
+    try:
+        yield
+    except Exception as error:
+        if not is_api_error(error):
+            raise
+        report(call, error, then=then)
+
+
+def transient(error: BaseException) -> bool:
+    """A create that may succeed if retried: 429, 5xx, a connection error or a timeout."""
+    status = getattr(error, "status", None)
+    if isinstance(status, int) and status:
+        return status == 429 or status in (500, 502, 503, 504)
+    return is_api_error(error)
+
+
+def retry_transient(executor: Any, stock: Callable[[Any, Exception], bool], task: Any, error: Exception) -> bool:
+    """The provider's handling of a transient create error, re-queueing even when
+    ``task_publish_max_retries`` (default 0) would fail the task: a fenced launch's pod name is
+    deterministic, so a retried create that had reached the server ends in AlreadyExists,
+    recognised as created. Stuck-in-queued still bounds a launch that never gets its pod.
+    Launches without a token (fencing off, legacy rows) keep the provider's rule (the caller's)."""
+    report("create", error, then="re-queued for the next loop")
+    configured, executor.task_publish_max_retries = executor.task_publish_max_retries, -1
+    try:
+        return stock(task, error)
+    finally:
+        executor.task_publish_max_retries = configured
+
+
 class ApiGuard:
-    """Executor mixin (first in the bases): guards the periodic API calls of the scheduler loop."""
+    """Executor mixin (first in the bases): what API errors postpone, kept for the next loop, and
+    the two provider calls no fence overrides, guarded. The hooks a fence overrides call the
+    guard themselves (guard, fence, stock, in that order, in one override each)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -90,26 +127,25 @@ class ApiGuard:
         they set one (``REQUEST_TIMEOUT``)."""
         return request_args(self.kube_config.kube_client_request_args)
 
-    # ---------------------------------------------------------------- heartbeat
+    # ---------------------------------------------------------------- postponed work
 
-    def sync(self) -> None:
+    def _resume_postponed(self) -> None:
+        """At the top of each loop: the state changes an API error postponed (ahead of this loop's
+        watcher results, as they came), and the relabelling of pods adopted while they could not
+        be listed."""
         if self._deferred_results and self.result_queue is not None:
             deferred, self._deferred_results = self._deferred_results, []
-            for results in deferred:  # ahead of this loop's watcher results, as they came
+            for results in deferred:
                 self.result_queue.put(results)
         if self._pending_adoption and self.kube_client is not None:
-            try:
+            with reporting_api_errors("adoption"):
                 self._finish_adoption()
-            except Exception as error:
-                if not is_api_error(error):
-                    raise
-                report("adoption", error)
-        try:
-            super().sync()
-        except Exception as error:
-            if not is_api_error(error):
-                raise
-            report("sync", error)
+
+    def _postpone(self, results: Any, error: BaseException) -> None:
+        report("change_state", error, then=f"pod {results.namespace}/{results.pod_name} retried next loop")
+        self._deferred_results.append(results)
+
+    # ---------------------------------------------------------------- guarded provider calls
 
     def _adopt_completed_pods(self, kube_client: Any) -> None:
         try:
@@ -120,47 +156,6 @@ class ApiGuard:
             report("adopt_completed_pods", error)
             self._last_completed_pod_adoption = float("-inf")  # due again on the next loop
 
-    def _change_state(self, results: Any, **kwargs: Any) -> None:
-        try:
-            super()._change_state(results, **kwargs)
-        except Exception as error:
-            if not is_api_error(error):
-                raise  # the provider re-queues it
-            # Not re-raised: the provider would put it back on the queue it is draining and
-            # retry it at once, for as long as the fault lasts.
-            report("change_state", error, then=f"pod {results.namespace}/{results.pod_name} retried next loop")
-            self._deferred_results.append(results)
-
-    # ---------------------------------------------------------------- create
-
-    def _handle_pod_publish_error(self, task: Any, e: Exception) -> bool:
-        """A 5xx, a 429 or a connection error on create is re-queued for the next loop even when
-        ``task_publish_max_retries`` (default 0) would fail the task: a fenced launch's pod name
-        is deterministic, so a retried create that had reached the server ends in AlreadyExists,
-        recognised as created. Stuck-in-queued still bounds a launch that never gets its pod.
-        Launches without a token (fencing off, legacy rows) keep the provider's rule."""
-        if not (self._transient(e) and self._fencing and self._has_token(task)):
-            return super()._handle_pod_publish_error(task, e)
-        report("create", e, then="re-queued for the next loop")
-        configured, self.task_publish_max_retries = self.task_publish_max_retries, -1
-        try:
-            return super()._handle_pod_publish_error(task, e)
-        finally:
-            self.task_publish_max_retries = configured
-
-    @staticmethod
-    def _transient(error: BaseException) -> bool:
-        status = getattr(error, "status", None)
-        if isinstance(status, int) and status:
-            return status == 429 or status in (500, 502, 503, 504)
-        return is_api_error(error)
-
-    def _has_token(self, task: Any) -> bool:
-        launch = self._launch_of_job(task)
-        return launch is not None and bool(launch.token)
-
-    # ---------------------------------------------------------------- revoke
-
     def get_pod_combined_search_str_to_pod_map(self) -> dict:
         try:
             return super().get_pod_combined_search_str_to_pod_map()
@@ -170,26 +165,12 @@ class ApiGuard:
             report("revoke_list", error, then="no pod revoked by coordinates (the sweep follows up)")
             return {}
 
-    def revoke_task(self, *, ti: Any) -> None:
-        try:
-            super().revoke_task(ti=ti)
-        except Exception as error:
-            if not is_api_error(error):
-                raise
-            report("revoke", error, then="the sweep follows up")
-
     # ---------------------------------------------------------------- adoption
 
-    def try_adopt_task_instances(self, tis: Any) -> Any:
-        try:
-            return super().try_adopt_task_instances(tis)
-        except Exception as error:
-            if not is_api_error(error):
-                raise
-            failure = error
-        # The dead scheduler's pods could not be listed: no evidence that they are gone, so no
-        # TI is reset. They are adopted in the DB (as when their pods were found) and their pods
-        # relabelled on the next loops; TIs without a scheduler are reset as the provider does.
+    def _adopt_later(self, tis: Any, failure: BaseException) -> Any:
+        """The dead scheduler's pods could not be listed: no evidence that they are gone, so no
+        TI is reset. They are adopted in the DB (as when their pods were found) and their pods
+        relabelled on the next loops; TIs without a scheduler are reset as the provider does."""
         to_reset = [ti for ti in tis if not ti.queued_by_job_id]
         for ti in tis:
             if ti.queued_by_job_id and ti.key not in self.running:

@@ -76,6 +76,12 @@ class LaunchIdentity:
         return as_token(self.token) is None
 
     @property
+    def creator(self) -> int | None:
+        """The SchedulerJob id of the scheduler process that launched it, when it reads as one."""
+        text = self.scheduler_job_id
+        return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() else None
+
+    @property
     def task(self) -> TaskKey | None:
         """The task this launch is for, or None when the pod does not say (legacy pods)."""
         if not (self.dag_id and self.task_id and self.run_id) or self.map_index is None:

@@ -18,6 +18,8 @@ SQLAlchemy.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Iterable
 
 from fenced_k8s_executor.launch import TaskKey, TaskRow
@@ -54,9 +56,71 @@ def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
     return _rows_of(rows, wanted)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One read of a loop: the rows, and which of the asked-about schedulers are running."""
+
+    rows: dict[TaskKey, TaskRow]
+    running: frozenset[int]
+
+
+def read_with_peers(tasks: Iterable[TaskKey | None], peers: Iterable[tuple[TaskKey | None, int | None]],
+                    alive_since: datetime) -> Reading:
+    """``read_rows(tasks)``, plus the rows of other schedulers' launches in flight whose creating
+    scheduler is not running, in the same statement.
+
+    ``peers``: (task, creating SchedulerJob id or None) of each such launch. A creator is
+    *running* when its job is ``running``, heartbeat after ``alive_since``, and no newer
+    ``running`` scheduler job has the same hostname (a restarted container keeps its pod's
+    hostname: the older process is gone even if its row was never closed). A running creator
+    re-checks its own launches, so their rows are not read; a launch with no creator id is
+    read. Only ``running`` matters for correctness: a peer taken for stopped just has its
+    launches checked twice, and the caller judges a peer's launch only when its creator is not
+    in ``running``, whatever the rows say.
+
+    PostgreSQL: one constant statement (rows and job liveness in one snapshot); elsewhere two.
+    Raises on DB errors, as ``read_rows`` does.
+    """
+    global ROUND_TRIPS
+    from airflow import settings
+
+    own = {tuple(task) for task in tasks if task is not None}
+    asked = {(tuple(task), creator) for task, creator in peers if task is not None}
+    if not asked:
+        return Reading(read_rows(own), frozenset())
+    engine = settings.engine
+    ROUND_TRIPS += 1
+    wanted = own | {task for task, _ in asked}
+    if engine.dialect.name == "postgresql":
+        rows, running = _read_postgresql_with_peers(engine, own, asked, alive_since)
+        return Reading(_rows_of(rows, wanted), running)
+    running = _running_schedulers(engine, {c for _, c in asked if c is not None}, alive_since)
+    return Reading(_rows_of(_read_portable(engine, wanted), wanted), running)
+
+
 def _read_postgresql(engine: Any, tasks: list) -> list:
     dag_ids, task_ids, run_ids, map_indexes = (list(column) for column in zip(*tasks))
     params = {"dag_ids": dag_ids, "task_ids": task_ids, "run_ids": run_ids, "map_indexes": map_indexes}
+    return _execute(engine, _postgresql_statement(engine), params)
+
+
+def _read_postgresql_with_peers(engine: Any, own: set, asked: set, alive_since: datetime) -> tuple[list, frozenset]:
+    entries = [(task, None) for task in own] + list(asked)  # a task both ours and a peer's: read once by _rows_of
+    dag_ids, task_ids, run_ids, map_indexes = (list(column) for column in zip(*(task for task, _ in entries)))
+    params = {"dag_ids": dag_ids, "task_ids": task_ids, "run_ids": run_ids, "map_indexes": map_indexes,
+              "creators": [creator for _, creator in entries],
+              "peer_jobs": sorted({creator for _, creator in asked if creator is not None}),
+              "since": alive_since}
+    rows, running = [], set()
+    for row in _execute(engine, _peers_statement(engine), params):
+        if row[5] is None:  # the liveness part: a running creator's job id
+            running.add(int(row[0]))
+        else:
+            rows.append(row)
+    return rows, frozenset(running)
+
+
+def _execute(engine: Any, statement: str, params: dict) -> list:
     # One statement needs no transaction: in autocommit psycopg2 sends no BEGIN and no ROLLBACK
     # (2 round trips with the pool's pre-ping, not 4). The DBAPI flag is flipped directly, as
     # SQLAlchemy's own pre-ping does: its isolation_level="AUTOCOMMIT" option would leave the
@@ -68,8 +132,7 @@ def _read_postgresql(engine: Any, tasks: list) -> list:
         try:
             # A client-side cursor whatever the engine's options: with stream_results SQLAlchemy
             # reads a row ahead, which the raw fetch below would miss (a task read as gone).
-            result = conn.exec_driver_sql(_postgresql_statement(engine), params,
-                                          execution_options={"stream_results": False})
+            result = conn.exec_driver_sql(statement, params, execution_options={"stream_results": False})
             try:
                 return result.cursor.fetchall()  # the driver's tuples: a Row per row cost more than the query
             finally:
@@ -93,6 +156,56 @@ def _postgresql_statement(engine: Any) -> str:
             " %(map_indexes)s::integer[]) AS wanted(dag_id, task_id, run_id, map_index)"
             " ON ti.dag_id = wanted.dag_id AND ti.task_id = wanted.task_id AND ti.run_id = wanted.run_id"
             " AND ti.map_index = wanted.map_index")
+
+
+#: A running scheduler job whose process is still the newest on its host.
+_RUNNING_JOB = ("{j}.job_type = 'SchedulerJob' AND {j}.state = 'running' AND {j}.latest_heartbeat > %(since)s"
+                " AND NOT EXISTS (SELECT 1 FROM {job} AS newer WHERE newer.job_type = 'SchedulerJob'"
+                " AND newer.state = 'running' AND newer.hostname = {j}.hostname AND newer.id > {j}.id)")
+
+
+@functools.lru_cache(maxsize=4)
+def _peers_statement(engine: Any) -> str:
+    """The loop's statement with peers: the rows of our tasks, the rows of peers' tasks whose
+    creator is not running, and (as rows whose task columns are NULL) the ids of the creators
+    that are, all in one snapshot."""
+    from airflow.jobs.job import Job
+    from airflow.models.taskinstance import TaskInstance
+
+    prepare = engine.dialect.identifier_preparer
+    table, job = prepare.format_table(TaskInstance.__table__), prepare.format_table(Job.__table__)
+    columns = ", ".join(f"ti.{TaskInstance.__table__.c[name].name}" + ("::text" if name == "id" else "")
+                        for name in _COLUMNS)
+    nulls = ", ".join(["NULL"] * (len(_COLUMNS) - 1))
+    running = _RUNNING_JOB.format(j="j", job=job)
+    return (f"WITH wanted AS (SELECT * FROM unnest(%(dag_ids)s::varchar[], %(task_ids)s::varchar[],"
+            " %(run_ids)s::varchar[], %(map_indexes)s::integer[], %(creators)s::integer[])"
+            " AS w(dag_id, task_id, run_id, map_index, creator)),"
+            f" running AS (SELECT j.id FROM {job} AS j WHERE j.id = ANY(%(peer_jobs)s::integer[]) AND {running})"
+            f" SELECT {columns} FROM {table} AS ti JOIN wanted"
+            " ON ti.dag_id = wanted.dag_id AND ti.task_id = wanted.task_id AND ti.run_id = wanted.run_id"
+            " AND ti.map_index = wanted.map_index"
+            " WHERE wanted.creator IS NULL OR wanted.creator NOT IN (SELECT id FROM running)"
+            f" UNION ALL SELECT running.id::text, {nulls} FROM running")
+
+
+def _running_schedulers(engine: Any, creators: set, alive_since: datetime) -> frozenset:
+    """Which of ``creators`` are running (as ``_RUNNING_JOB`` says), on databases other than PostgreSQL."""
+    from sqlalchemy import and_, exists, select
+    from sqlalchemy.orm import aliased
+
+    from airflow.jobs.job import Job
+
+    if not creators:
+        return frozenset()
+    newer = aliased(Job)
+    query = select(Job.id).where(
+        Job.id.in_(sorted(creators)), Job.job_type == "SchedulerJob", Job.state == "running",
+        Job.latest_heartbeat > alive_since,
+        ~exists().where(and_(newer.job_type == "SchedulerJob", newer.state == "running",
+                             newer.hostname == Job.hostname, newer.id > Job.id)))
+    with engine.connect() as conn:
+        return frozenset(int(i) for i in conn.execute(query).scalars())
 
 
 def _read_portable(engine: Any, wanted: set) -> list:

@@ -24,7 +24,7 @@ _UNKNOWN_RAW = 2
 # meta.v1.PartialObjectMetadataList / PartialObjectMetadata / ListMeta
 _LIST_META, _LIST_ITEMS = 1, 2
 _ITEM_META = 1
-_LIST_CONTINUE = 3
+_LIST_RESOURCE_VERSION, _LIST_CONTINUE = 2, 3
 # meta.v1.ObjectMeta (a map entry is a message: key = 1, value = 2)
 _NAME, _NAMESPACE, _UID, _DELETION_TIMESTAMP, _ANNOTATIONS = 1, 3, 5, 9, 12
 
@@ -72,6 +72,18 @@ def continue_token(body: bytes) -> str | None:
         if number == _LIST_META:
             token = _continue_in(buf, s, e, token)
     return token or None
+
+
+def resource_version(body: bytes) -> str | None:
+    """The list's resourceVersion (a watch started from it misses nothing the list did not show)."""
+    buf, start, end = _list_body(body)
+    version = None
+    for number, s, e in _fields(buf, start, end):
+        if number == _LIST_META:
+            for field, fs, fe in _fields(buf, s, e):
+                if field == _LIST_RESOURCE_VERSION:
+                    version = buf[fs:fe].decode()
+    return version or None
 
 
 def _continue_in(buf: bytes, start: int, end: int, token: str | None) -> str | None:

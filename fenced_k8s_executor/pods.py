@@ -1,4 +1,5 @@
-"""The Kubernetes calls the fences make: guarded delete, identity read, metadata-only list pages.
+"""The Kubernetes calls the fences make: guarded delete, identity read, metadata-only list pages
+and watches.
 
 Deletes always carry a uid precondition, so a pod recreated under the same name (deterministic
 names make that possible) is never hit by a decision taken about its predecessor. API errors are
@@ -16,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from kubernetes.client import V1DeleteOptions, V1Preconditions
 from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from fenced_k8s_executor import guards, metadata_pb
 from fenced_k8s_executor.launch import LaunchIdentity, from_pod_metadata
@@ -170,6 +172,83 @@ def list_pages(
     return (_read_ahead if prefetch else _in_turn)(fetch)
 
 
+def list_with_version(
+    kube_client: Any,
+    namespace: str | None,
+    *,
+    label_selector: str,
+    field_selector: str | None = None,
+    page_size: int = 500,
+    request_args: Mapping | None = None,
+) -> tuple[list[PodRef], str | None]:
+    """Every page of a metadata-only list, and the list's resourceVersion: a continued list is
+    one snapshot, at its first page's version, so a watch from it misses nothing."""
+    refs: list[PodRef] = []
+    token = version = None
+    while True:
+        body, media = _request_page(kube_client, namespace, label_selector, field_selector, page_size,
+                                    request_args, token)
+        token, unread = _split(body, media)
+        if version is None:
+            version = (metadata_pb.resource_version(body) if media == metadata_pb.MEDIA_TYPE
+                       else (unread.get("metadata") or {}).get("resourceVersion"))
+        refs += _refs(unread)
+        if not token:
+            return refs, version
+
+
+#: What a metadata-only watch asks for (each event's object is a PartialObjectMetadata).
+WATCH_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+class Expired(Exception):
+    """The watch's resourceVersion is gone from the server's history (410): list again."""
+
+
+def watch_refs(
+    kube_client: Any,
+    namespace: str | None,
+    *,
+    label_selector: str,
+    field_selector: str | None,
+    resource_version: str,
+    timeout_seconds: int,
+    request_args: Mapping | None = None,
+    on_response: Callable[[Any], None] | None = None,
+) -> Iterator[tuple[str, PodRef | None, str | None]]:
+    """(type, ref, resourceVersion) for each event of a metadata-only watch (``ref`` is None for
+    a BOOKMARK). Ends when the server ends the watch; raises ``Expired`` on a 410 ERROR event and
+    ApiException or a transport error otherwise. ``on_response`` gets the open response, so that
+    another thread can close it to stop the watch."""
+    api = kube_client.api_client
+    path = "/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"
+    query: list[tuple[str, Any]] = [("watch", "true"), ("labelSelector", label_selector),
+                                    ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+                                    ("timeoutSeconds", timeout_seconds)]
+    if field_selector:
+        query.append(("fieldSelector", field_selector))
+    response = api.call_api(path, "GET", query_params=query, header_params={"Accept": WATCH_ACCEPT},
+                            auth_settings=["BearerToken"], _return_http_data_only=True,
+                            **{**(request_args or {}), "_preload_content": False})
+    if on_response is not None:
+        on_response(response)
+    try:
+        for line in iter_resp_lines(response):
+            event = json.loads(line)
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise Expired(obj.get("message") or "resourceVersion expired")
+                raise ApiException(status=obj.get("code"), reason=obj.get("reason") or obj.get("message"))
+            meta = obj.get("metadata") or {}
+            if kind == "BOOKMARK":
+                yield kind, None, meta.get("resourceVersion")
+                continue
+            yield kind, _ref_of(meta), meta.get("resourceVersion")
+    finally:
+        response.release_conn()
+
+
 def _in_turn(fetch: Callable[[str | None], tuple[str | None, Any]]) -> Iterator[list[PodRef]]:
     token = None
     while True:
@@ -267,13 +346,10 @@ def _refs(unread: Any) -> list[PodRef]:
         metas = [item.get("metadata") or {} for item in unread.get("items") or []]
     else:
         metas = metadata_pb.decode_list(unread)[0]
-    return [
-        PodRef(
-            name=meta.get("name"),
-            namespace=meta.get("namespace"),
-            uid=meta.get("uid"),
-            launch=from_pod_metadata(meta.get("annotations")),
-            deleting=bool(meta.get("deletionTimestamp")),
-        )
-        for meta in metas
-    ]
+    return [_ref_of(meta) for meta in metas]
+
+
+def _ref_of(meta: dict) -> PodRef:
+    """The ref of a pod's metadata as a list or a watch gives it (JSON keys, or ``metadata_pb``'s)."""
+    return PodRef(name=meta.get("name"), namespace=meta.get("namespace"), uid=meta.get("uid"),
+                  launch=from_pod_metadata(meta.get("annotations")), deleting=bool(meta.get("deletionTimestamp")))

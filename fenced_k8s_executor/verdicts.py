@@ -137,6 +137,19 @@ def should_adopt(launch: LaunchIdentity | None, ti_token: object) -> Verdict:
     return Verdict(True, True, Reason.CURRENT)
 
 
+def rechecks_peer(launch: LaunchIdentity | None, scheduler_job_id: int | None, running: frozenset[int]) -> bool:
+    """Does this scheduler re-check another scheduler's launch in flight? Only when its creator is
+    not running (``running``: the creators the DB says are, at this loop's read): a running one
+    re-checks its own. A creator that cannot be read (no id) is treated as not running: the
+    launch is then re-checked twice at worst, never skipped."""
+    if launch is None:
+        return False
+    creator = launch.creator
+    if creator is not None and creator == scheduler_job_id:
+        return False
+    return creator is None or creator not in running
+
+
 def releases_slot(holder: str | None, launch: LaunchIdentity | None) -> bool:
     """A swallowed event frees the executor slot of its key exactly as the stock path would,
     unless a newer launch of the same key holds that slot on this scheduler. ``holder`` is the

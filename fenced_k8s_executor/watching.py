@@ -22,7 +22,7 @@ still present are reported a second time.
 - it starts with such a list instead of a watch from "0", so its own relists never replay.
 
 The executor makes its ``AirflowKubernetesScheduler`` build watchers of this class
-(:class:`ResilientWatcherMixin`), so restarts by the provider's health check use it too.
+(``install_resilient_watchers``, from ``start()``), so restarts by the provider's health check use it too.
 """
 
 from __future__ import annotations
@@ -265,15 +265,6 @@ def _is_api_error(error: BaseException) -> bool:
     from fenced_k8s_executor.guards import is_api_error
 
     return is_api_error(error)
-
-
-class ResilientWatcherMixin:
-    """Executor mixin: the kube scheduler builds ``ResilientJobWatcher`` processes, now and on
-    every restart by the provider's health check."""
-
-    def start(self) -> None:
-        super().start()
-        install_resilient_watchers(self.kube_scheduler)
 
 
 def _make_resilient_watcher(self: Any, namespace: str) -> ResilientJobWatcher:

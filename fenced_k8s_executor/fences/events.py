@@ -7,7 +7,8 @@ event buffer or the pre-execution requeue; the DB is read once per sync for all 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
 from fenced_k8s_executor import batches, guards, ledger, metrics, verdicts
 from fenced_k8s_executor.fences.common import ADOPTED, FAILED, RUNNING
@@ -26,29 +27,32 @@ PRIME_AFTER_MISSES = 8
 class EventFence:
     """Judge pod events by their launch token; swallow the stale ones, free their slots."""
 
-    def sync(self) -> None:
+    @contextmanager
+    def _fenced_loop(self) -> Iterator[None]:
+        """Around the provider's ``sync``: the watcher results are batched so that the loop's one
+        read covers them (``_prefetch_state_verdicts``), and the in-flight reconcile runs even
+        when no creation batch did. The loop's state is dropped when it ends."""
         if not self._fencing or self.result_queue is None:
-            return super().sync()
+            yield
+            return
         if self.sweeper is not None:
             self.sweeper.maybe_start()
         real = self.result_queue
         self.result_queue = batches.LazyBatchQueue(real, self._prefetch_state_verdicts)
-        self._reconciled = False
-        self._loop_rows = None
+        self._loop_state = None
         try:
-            super().sync()
-            if not self._reconciled:  # no creation batch ran this loop (rate limit, empty queue)
+            yield
+            if not self._loop.reconciled:  # no creation batch ran this loop (rate limit, empty queue)
                 self._reconcile_in_flight()
         finally:
             self.result_queue = real
-            self._state_verdicts.clear()
-            self._loop_rows = None
+            self._loop_state = None
         self.book.prune(self.running)
 
     def _prefetch_state_verdicts(self, batch: list[KubernetesResults]) -> None:
         """The loop's one DB read: every watcher result of this sync (pods resolved from memory
-        first), and with it this loop's creation batch and in-flight launches, which the
-        creation fence then finds already read."""
+        first), and with it this loop's creation batch and the launches in flight, which the
+        creation fence and the reconcile then find already read."""
         try:
             misses = sum(1 for result in batch if not self.book.knows(result.pod_name))
             if misses > PRIME_AFTER_MISSES:  # a watcher relist after a restart or a 410
@@ -57,27 +61,46 @@ class EventFence:
             tasks = {launch.task for launch in launches.values() if launch is not None and not launch.legacy}
             tasks |= {launch.task for launch in map(self._launch_of_job, self._take_creation_batch())
                       if launch is not None}
-            tasks |= {p.launch.task for p in self.book.pending()}
             tasks.discard(None)
             with metrics.timed("fence_check.duration", path="state_change"):
-                rows = ledger.read_rows(tasks)
-            self._loop_rows = (tasks, rows)
+                rows = self._rows_for(tasks)
         except Exception as error:  # each result is then checked (and retried) on its own
             if guards.is_api_error(error):
                 guards.report("read", error, then="each result checked on its own")
             else:
                 log.warning("fenced_k8s_executor state-change prefetch failed: %r", error)
             return
+        verdicts_of = self._loop.state_verdicts
         for result in batch:
             launch = launches[id(result)]
             row = rows.get(launch.task) if launch is not None else None
-            self._state_verdicts[id(result)] = (launch, verdicts.is_stale(launch, row), row)
+            verdicts_of[id(result)] = (launch, verdicts.is_stale(launch, row), row)
 
     def _change_state(self, results: KubernetesResults, **kwargs: Any) -> None:
-        if not self._fencing:
-            return super()._change_state(results, **kwargs)
-        entry = self._state_verdicts.pop(id(results), None)
-        if entry is None:  # raises on a DB or API error: the provider re-queues the result
+        """Guard, fence, stock. An API error postpones the result to the next loop
+        (``_postpone``): re-raised, the provider would put it back on the very queue it is
+        draining and retry it at once for as long as the fault lasts. A DB error is raised: the
+        provider re-queues the result."""
+        try:
+            launch = None
+            if self._fencing:
+                done, launch = self._fence_state_change(results)
+                if done:
+                    return
+            super()._change_state(results, **kwargs)
+            if launch is not None and launch.token and self.event_buffer.get(results.key) == (RUNNING, None):
+                # No token info: a None would erase the pre-assigned token (b3, b5).
+                self.event_buffer.pop(results.key, None)
+        except Exception as error:
+            if not guards.is_api_error(error):
+                raise
+            self._postpone(results, error)
+
+    def _fence_state_change(self, results: KubernetesResults) -> tuple[bool, Any]:
+        """Judge the result: (True, launch) when it belonged to a stale launch and ends here
+        (enforce), else (False, launch) for the stock handling."""
+        entry = self._loop.state_verdicts.pop(id(results), None)
+        if entry is None:  # raises on a DB or API error
             launch = self._launch_of_pod(results.pod_name, results.namespace)
             row = None
             if launch is not None and not launch.legacy and launch.task is not None:
@@ -99,15 +122,12 @@ class EventFence:
             )
             if self._enforcing:
                 self._fence_out(results, launch, verdict, row)
-                return
+                return True, launch
         elif results.state == ADOPTED and launch is not None and not self.book.holds(results.key, launch):
-            return  # an old pod of this key left for another scheduler; a newer launch holds the slot
+            return True, launch  # an old pod of this key left for another scheduler; a newer launch holds the slot
         if self._enforcing and results.state == FAILED:
             self._remember_requeue_pod(results.key)
-        super()._change_state(results, **kwargs)
-        if launch is not None and launch.token and self.event_buffer.get(results.key) == (RUNNING, None):
-            # No token info: a None would erase the pre-assigned token (b3, b5).
-            self.event_buffer.pop(results.key, None)
+        return False, launch
 
     def _fence_out(self, results: KubernetesResults, launch: Any, verdict: verdicts.Verdict, row: Any) -> None:
         """A stale launch's event never reaches the scheduler; its pod goes (a running one now,

@@ -20,11 +20,18 @@ class HandoverFence:
     """Adopt only the current launch's pod; revoke every pod of a task instance."""
 
     def try_adopt_task_instances(self, tis: Any) -> Any:
+        """Guard, stock (with ``adopt_launched_task`` fenced), fence. Guard: when the dead
+        scheduler's pods cannot be listed, nothing is reset (``_adopt_later``). Fence: a QUEUED
+        TI no pod was adopted for is launched here instead of reset (``_adopt_by_launching``)."""
         # The provider forgets a TI once one pod was adopted for it; the fence must still judge
         # the other pods of that key against the TI (several pods, one key).
         self._adopting = {ti.key: ti for ti in tis}
         try:
             to_reset = super().try_adopt_task_instances(tis)
+        except Exception as error:
+            if not guards.is_api_error(error):
+                raise
+            return self._adopt_later(tis, error)
         finally:
             self._adopting = {}
         if not self._enforcing:
@@ -104,7 +111,10 @@ class HandoverFence:
         self.book.remember(ref.name, ref.launch)
 
     def revoke_task(self, *, ti: Any) -> None:
-        super().revoke_task(ti=ti)
+        """Guard, stock, fence: the provider's revoke (an API error is reported, never raised into
+        the stuck-in-queued handler), then every pod of ours with this TI id, whatever its try."""
+        with guards.reporting_api_errors("revoke", then="the reconcile and the sweep follow up"):
+            super().revoke_task(ti=ti)
         if not self._fencing:
             return
         for namespace in self._namespaces():

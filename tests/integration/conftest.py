@@ -82,6 +82,7 @@ class World:
     tmp_path: Any
     monkeypatch: Any
     schedulers: list = field(default_factory=list)
+    children: list = field(default_factory=list)
     _users: int = 0
 
     @property
@@ -96,11 +97,14 @@ class World:
     def new_run(self) -> str:
         return self.airflow.create_run(self.dag_id)
 
-    def scheduler(self, kind: str, *, start: bool = True, batch_size: int = 8, **options: str) -> Scheduler:
+    def scheduler(self, kind: str, *, start: bool = True, batch_size: int = 8, hostname: str | None = None,
+                  **options: str) -> Scheduler:
         """A scheduler (real Job row + SchedulerJobRunner) around a stock or fenced executor.
 
         ``options`` are ``[fenced_kubernetes_executor]`` options. ``start=False`` leaves the
-        executor unstarted: enough to queue (pre-assign tokens) for a scheduler that dies."""
+        executor unstarted: enough to queue (pre-assign tokens) for a scheduler that dies.
+        ``hostname``: the host its Job row names (default: one of its own, as each scheduler pod
+        of a Deployment has; give a stopped scheduler's to model its restart on the same host)."""
         self._users += 1
         user = f"scheduler-{self._users}"
         kc = self.backend.write_kubeconfig(str(self.tmp_path / f"{user}.kubeconfig"), token=user,
@@ -113,7 +117,7 @@ class World:
             var = f"AIRFLOW__FENCED_KUBERNETES_EXECUTOR__{name.upper()}"
             before[var] = os.environ.get(var)
             self.monkeypatch.setenv(var, str(value))
-        job = Scheduler.new_job()
+        job = Scheduler.new_job(hostname=hostname or user)
         executor = _executor_class(kind)()
         executor.job_id = job.id
         sched = Scheduler(job, [executor])
@@ -136,6 +140,37 @@ class World:
     def requeue_stuck(self, sched: Scheduler, *, trigger: bool = True) -> int:
         """Stuck in queued (revoke, back to SCHEDULED: same id and try), queued again by ``sched``."""
         return sched.requeue_stuck(self.dag_id, self.run_id, trigger=trigger)
+
+    def scheduler_process(self, kind: str, *, hostname: str, batch_size: int = 8) -> "ChildScheduler":
+        """A scheduler in its own process (``scheduler_child.py``) that queues this world's run,
+        creates its pods and loops until it is killed (``ChildScheduler.kill``: SIGKILL)."""
+        import json
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        self._users += 1
+        user = f"scheduler-{self._users}"
+        kc = self.backend.write_kubeconfig(str(self.tmp_path / f"{user}.kubeconfig"), token=user,
+                                           namespace=self.namespace)
+        self.backend.set_tokens({user: user, "test": "test"})
+        env = {**os.environ, "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": kc,
+               "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": str(batch_size)}
+        from scheduler_child import READY
+
+        script = Path(__file__).with_name("scheduler_child.py")
+        proc = subprocess.Popen([sys.executable, str(script), kind, self.dag_id, self.run_id, hostname], env=env,
+                                stdout=subprocess.PIPE, stderr=open(self.tmp_path / f"{user}.log", "wb"),
+                                start_new_session=True, text=True)
+        for line in proc.stdout:  # Airflow logs to stdout too
+            if line.startswith(READY):
+                break
+        else:
+            proc.wait(timeout=10)
+            raise RuntimeError(f"child scheduler exited: {(self.tmp_path / f'{user}.log').read_text()[-3000:]}")
+        child = ChildScheduler(proc, json.loads(line[len(READY):])["job_id"], user, hostname)
+        self.children.append(child)
+        return child
 
     def kill(self, sched: Scheduler) -> None:
         """The scheduler stops heartbeating; its peers' orphan check fails it once
@@ -259,6 +294,27 @@ class World:
             time.sleep(0.2)
 
 
+@dataclass
+class ChildScheduler:
+    """A scheduler process started by ``World.scheduler_process``."""
+
+    proc: Any
+    job_id: int
+    user: str
+    hostname: str
+
+    def kill(self) -> None:
+        """SIGKILL its whole process group (the scheduler, its watcher and Manager processes), as
+        the kernel's OOM killer or a node loss would; its Job row stays ``running``."""
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
 def _launch(row: Row, token: str, job_id: int, deployment: str | None):
     import dataclasses
 
@@ -313,6 +369,8 @@ def open_world(backend, metadata_db, airflow, tmp_path, monkeypatch, task_ids: l
     try:
         yield w
     finally:
+        for child in w.children:
+            child.kill()
         for sched in w.schedulers:
             sched.stop()
         airflow.retire(dag_id)  # its leftover TIs must not reach the next test's schedulers

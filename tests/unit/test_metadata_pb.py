@@ -51,9 +51,9 @@ metas = st.fixed_dictionaries({
 
 
 @given(items=st.lists(metas, max_size=6), token=st.one_of(st.none(), st.text(min_size=1, max_size=400)),
-       noise=st.binary(max_size=3000))
-def test_reads_every_item_and_the_continue_token(items, token, noise):
-    list_meta = _text(2, "12345") + (_text(3, token) if token else b"")
+       noise=st.binary(max_size=3000), version=st.text(alphabet="0123456789", min_size=1, max_size=20))
+def test_reads_every_item_the_continue_token_and_the_resource_version(items, token, noise, version):
+    list_meta = _text(2, version) + (_text(3, token) if token else b"")
     body = _field(1, list_meta) + b"".join(_field(2, _field(1, _object_meta(m, noise))) for m in items)
     envelope = metadata_pb.MAGIC + _field(1, _text(1, "meta.k8s.io/v1") + _text(2, "PartialObjectMetadataList"))
     envelope += _field(2, body) + _text(4, "")
@@ -62,6 +62,7 @@ def test_reads_every_item_and_the_continue_token(items, token, noise):
 
     assert continue_token == token
     assert metadata_pb.continue_token(envelope) == token  # read alone, as the pager does
+    assert metadata_pb.resource_version(envelope) == version  # where a watch of the pending pods starts
     expected = [{k: v for k, v in m.items() if k != "deletionTimestamp" or v} for m in items]
     assert decoded == expected
 

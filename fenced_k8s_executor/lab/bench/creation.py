@@ -153,8 +153,8 @@ def _precreate_once(lab: Lab, ex, tis: list) -> dict:
             ex.queue_workload(workload(ti, ex), session=None)
         ex.trigger_tasks(open_slots=len(tis))
         ex.kube_scheduler.run_next = created.append  # no pod creation: the check alone
-        if hasattr(ex, "_loop_rows"):  # a new loop: no rows read yet (sync() would reset it too)
-            ex._loop_rows = None
+        if hasattr(ex, "_loop_state"):  # a new loop: no rows read yet (sync() would reset it too)
+            ex._loop_state = None
         before, counter = lab.trips.snapshot(), ledger.ROUND_TRIPS
         with quiet_gc():
             t0 = time.perf_counter()

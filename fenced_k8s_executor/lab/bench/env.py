@@ -513,11 +513,10 @@ def forget(executor) -> None:
     executor.running.clear()
     executor.event_buffer.clear()
     executor.pod_launch_attempts.clear()
-    for attr in ("_precreate", "_state_verdicts", "_carry"):
-        if hasattr(executor, attr):
-            getattr(executor, attr).clear()
-    if hasattr(executor, "_loop_rows"):  # the loop's one read, reset by every sync(): not across loops
-        executor._loop_rows = None
+    if hasattr(executor, "_carry"):
+        executor._carry.clear()
+    if hasattr(executor, "_loop_state"):  # the loop's reads and verdicts, reset by every sync(): not across loops
+        executor._loop_state = None
     if hasattr(executor, "book"):
         from fenced_k8s_executor.launches import LaunchBook
 

@@ -1,0 +1,206 @@
+"""This deployment's Pending pods, whichever scheduler process created them.
+
+What one scheduler knows of its launches in flight (the LaunchBook) dies with its process, and
+a stopping scheduler stops looping well before it exits. So every fenced scheduler also keeps
+this picture: one metadata-only list per namespace at start, then a watch, of the pods this
+deployment launched (token and deployment labels) that are still Pending. Each loop the
+executor re-checks the ones whose creating scheduler is not running (``ledger.read_with_peers``),
+so a superseded pod dies within one loop of a live scheduler, whoever created it.
+
+Pending only (the field selector): a pod leaves the picture when it starts, finishes or is
+deleted (the API server sends DELETED for an object that stops matching a watch), so memory is
+bounded by the pods in flight. Like a client-go reflector it resumes a broken watch from the
+last resourceVersion and lists again after a 410. The picture only feeds verdicts: an API error
+here deletes nothing, and a scheduler starts even when the first list fails (it keeps trying).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any, Iterable
+
+from fenced_k8s_executor import guards, metrics, pods
+from fenced_k8s_executor.names import DEPLOYMENT_LABEL, TOKEN_LABEL
+
+log = logging.getLogger("fenced_k8s_executor")
+
+FIELD_SELECTOR = "status.phase=Pending"
+#: Seconds a watch request lasts before it is renewed (the server ends it; bookmarks keep its version fresh).
+WATCH_SECONDS = 300
+#: Seconds between attempts after an API error (doubling up to the maximum).
+BACKOFF_START, BACKOFF_MAX = 0.5, 15.0
+PAGE_SIZE = 1000
+
+
+def label_selector(deployment: str) -> str:
+    return f"kubernetes_executor=True,{TOKEN_LABEL},{DEPLOYMENT_LABEL}={deployment}"
+
+
+class PendingView:
+    """The picture itself: (namespace, name) -> PodRef per watched namespace. Plain data, thread-safe.
+
+    ``settle`` marks a pod decided (deleted, or reported in audit) so that later loops skip it
+    until it leaves the picture; keyed by uid, so a new pod under the same name is judged anew."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[tuple[str, str], pods.PodRef] = {}
+        self._settled: set[str] = set()
+
+    def replace(self, namespace: str | None, refs: Iterable[pods.PodRef]) -> None:
+        """A fresh list of ``namespace`` (None: every namespace) replaces what was known of it."""
+        with self._lock:
+            for key in [k for k in self._pods if namespace is None or k[0] == namespace]:
+                self._drop(key)
+            for ref in refs:
+                self._pods[(ref.namespace, ref.name)] = ref
+
+    def apply(self, kind: str, ref: pods.PodRef) -> None:
+        """One watch event: ADDED / MODIFIED keep the pod's latest metadata, DELETED drops it."""
+        key = (ref.namespace, ref.name)
+        with self._lock:
+            if kind == "DELETED":
+                self._drop(key)
+                return
+            old = self._pods.get(key)
+            if old is not None and old.uid != ref.uid:
+                self._settled.discard(old.uid)
+            self._pods[key] = ref
+
+    def settle(self, ref: pods.PodRef) -> None:
+        with self._lock:
+            if ref.uid and (ref.namespace, ref.name) in self._pods:
+                self._settled.add(ref.uid)
+
+    def unsettled(self) -> list[pods.PodRef]:
+        """Pods with a launch identity, not terminating and not yet decided."""
+        with self._lock:
+            return [ref for ref in self._pods.values()
+                    if ref.launch is not None and not ref.deleting and ref.uid not in self._settled]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pods)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        ref = self._pods.pop(key, None)
+        if ref is not None:
+            self._settled.discard(ref.uid)
+
+
+class PendingPods:
+    """Keeps a PendingView current: one list, then a watch, per namespace, each in a daemon thread."""
+
+    def __init__(self, kube_client: Any, namespaces: Iterable[str | None], deployment: str,
+                 request_args: dict | None = None, page_size: int = PAGE_SIZE):
+        self.view = PendingView()
+        self._kube_client = kube_client
+        self._namespaces = list(namespaces)
+        self._selector = label_selector(deployment)
+        self._args = guards.request_args(request_args)
+        self._page_size = page_size
+        self._stop = threading.Event()
+        self._listed: dict[str | None, threading.Event] = {ns: threading.Event() for ns in self._namespaces}
+        self._tried: dict[str | None, threading.Event] = {ns: threading.Event() for ns in self._namespaces}
+        self._responses: dict[str | None, Any] = {}
+        self._threads: list[threading.Thread] = []
+        self.lists = 0
+        self.errors = 0
+
+    def start(self, wait: float) -> bool:
+        """Start watching; wait for every namespace's first list attempt, at most ``wait``
+        seconds. True if all were listed (the first loop then knows every launch in flight);
+        False if one failed or is still waiting for the API: the threads go on trying and the
+        picture fills in when it answers."""
+        for namespace in self._namespaces:
+            thread = threading.Thread(target=self._follow, args=(namespace,), daemon=True,
+                                      name=f"fenced-k8s-pending-{namespace or 'all'}")
+            thread.start()
+            self._threads.append(thread)
+        deadline = time.monotonic() + wait
+        for tried in self._tried.values():
+            tried.wait(max(0.0, deadline - time.monotonic()))
+        return all(listed.is_set() for listed in self._listed.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        for response in list(self._responses.values()):
+            _interrupt(response)
+        for thread in self._threads:
+            thread.join(timeout=2)
+
+    def refs(self) -> list[pods.PodRef]:
+        return self.view.unsettled()
+
+    # ------------------------------------------------------------ the thread
+
+    def _follow(self, namespace: str | None) -> None:
+        version: str | None = None
+        backoff = BACKOFF_START
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    version = self._list(namespace)
+                version = self._watch(namespace, version)
+                backoff = BACKOFF_START
+            except pods.Expired:
+                metrics.incr("pending_watch.gone")
+                version = None
+            except Exception as error:  # noqa: BLE001 - the picture must outlive any one request
+                self._tried[namespace].set()
+                if self._stop.is_set():
+                    return
+                self.errors += 1
+                if guards.is_api_error(error):
+                    guards.report("pending_watch", error, then=f"retried in {backoff:.1f}s")
+                else:
+                    log.warning("fenced_k8s_executor pending-pod watch of %s failed, retried in %.1fs: %r",
+                                namespace or "all namespaces", backoff, error)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _list(self, namespace: str | None) -> str | None:
+        refs, version = pods.list_with_version(self._kube_client, namespace, label_selector=self._selector,
+                                               field_selector=FIELD_SELECTOR, page_size=self._page_size,
+                                               request_args=self._args)
+        self.view.replace(namespace, refs)
+        self.lists += 1
+        self._listed[namespace].set()
+        self._tried[namespace].set()
+        log.info("fenced_k8s_executor pending pods of this deployment in %s: %d listed at resourceVersion %s",
+                 namespace or "all namespaces", len(refs), version)
+        return version
+
+    def _watch(self, namespace: str | None, version: str | None) -> str | None:
+        """One watch request, applied event by event; returns the version to resume from."""
+        connect = self._args["_request_timeout"]
+        connect = connect[0] if isinstance(connect, (tuple, list)) else connect
+        args = {**self._args, "_request_timeout": (connect, WATCH_SECONDS + 30)}
+        events = pods.watch_refs(self._kube_client, namespace, label_selector=self._selector,
+                                 field_selector=FIELD_SELECTOR, resource_version=version or "",
+                                 timeout_seconds=WATCH_SECONDS, request_args=args,
+                                 on_response=lambda r: self._responses.__setitem__(namespace, r))
+        try:
+            for kind, ref, event_version in events:
+                if self._stop.is_set():
+                    break
+                if ref is not None:
+                    self.view.apply(kind, ref)
+                version = event_version or version
+        finally:
+            self._responses.pop(namespace, None)
+        return version
+
+
+def _interrupt(response: Any) -> None:
+    """End a watch read blocked in another thread: shut its socket down (closing the response
+    from here would wait on the reader's own lock)."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    try:
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed: the read has ended anyway
+        pass

@@ -1,0 +1,93 @@
+"""The deployment-wide picture of Pending pods (``pending.PendingView``) and the decision of who
+re-checks a peer's launch in flight (``verdicts.rechecks_peer``): plain values, no API."""
+
+from __future__ import annotations
+
+import uuid
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fenced_k8s_executor.executor import handover_after
+from fenced_k8s_executor.launch import LaunchIdentity
+from fenced_k8s_executor.pending import PendingView
+from fenced_k8s_executor.pods import PodRef
+from fenced_k8s_executor.verdicts import rechecks_peer
+
+
+def ref(name="p", namespace="ns", uid=None, creator="7", deleting=False, launch=True):
+    identity = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1,
+                              scheduler_job_id=creator, dag_id="d", task_id="t", run_id="r") if launch else None
+    return PodRef(name=name, namespace=namespace, uid=uid or str(uuid.uuid4()), launch=identity, deleting=deleting)
+
+
+def test_events_keep_the_latest_metadata_and_deleted_drops_the_pod():
+    view = PendingView()
+    a, b = ref("a"), ref("b")
+    view.apply("ADDED", a)
+    view.apply("ADDED", b)
+    moved = PodRef(a.name, a.namespace, a.uid, a.launch, deleting=True)
+    view.apply("MODIFIED", moved)
+    assert {r.name for r in view.unsettled()} == {"b"}  # a terminating pod is nobody's to delete
+    view.apply("DELETED", b)  # deleted, or it started: it left the field selector
+    assert view.unsettled() == [] and len(view) == 1
+
+
+def test_a_list_replaces_only_its_namespace():
+    view = PendingView()
+    view.apply("ADDED", ref("a", "one"))
+    view.apply("ADDED", ref("b", "two"))
+    view.replace("one", [ref("c", "one")])
+    assert sorted((r.namespace, r.name) for r in view.unsettled()) == [("one", "c"), ("two", "b")]
+    view.replace(None, [ref("d", "three")])  # every namespace
+    assert [(r.namespace, r.name) for r in view.unsettled()] == [("three", "d")]
+
+
+def test_a_settled_pod_is_skipped_until_a_new_pod_takes_its_name():
+    view = PendingView()
+    old = ref("a")
+    view.apply("ADDED", old)
+    view.settle(old)
+    view.apply("MODIFIED", old)  # the same object changing (bound, status): still decided
+    assert view.unsettled() == []
+    new = ref("a")  # deleted and created again under the same name: a new uid
+    view.apply("ADDED", new)
+    assert view.unsettled() == [new]
+
+
+def test_pods_without_a_launch_identity_are_never_offered():
+    view = PendingView()
+    view.apply("ADDED", ref("legacy", launch=False))
+    assert view.unsettled() == []
+
+
+@given(events=st.lists(st.tuples(st.sampled_from(["ADDED", "MODIFIED", "DELETED"]), st.sampled_from("abc"),
+                                 st.sampled_from(["u1", "u2"])), max_size=30))
+def test_memory_is_bounded_by_the_pods_still_pending(events):
+    """Whatever the order of events, the picture holds exactly the pods whose last event was not
+    DELETED, and remembers settled uids of those pods only."""
+    view, last = PendingView(), {}
+    for kind, name, uid in events:
+        r = ref(name, uid=uid)
+        view.apply(kind, r)
+        view.settle(r)
+        last[name] = kind
+    assert len(view) == sum(1 for kind in last.values() if kind != "DELETED")
+    assert len(view._settled) <= len(view)
+
+
+def test_a_peer_launch_is_rechecked_here_only_when_its_creator_is_not_running():
+    mine, peer = 3, ref(creator="7").launch
+    assert rechecks_peer(peer, mine, frozenset()) is True  # stopped, crashed or replaced
+    assert rechecks_peer(peer, mine, frozenset({7})) is False  # it re-checks its own
+    assert rechecks_peer(ref(creator="3").launch, mine, frozenset()) is False  # ours: the LaunchBook's
+    for unreadable in (None, "", "7x", "٧"):  # no creator id: re-checked, never skipped
+        assert rechecks_peer(ref(creator=unreadable).launch, mine, frozenset({7})) is True
+    assert rechecks_peer(None, mine, frozenset()) is False
+
+
+@given(heartbeat=st.floats(0.1, 600), threshold=st.floats(0.1, 3600))
+def test_handover_never_waits_longer_than_airflow_core_calls_a_scheduler_dead(heartbeat, threshold):
+    after = handover_after(heartbeat, threshold)
+    assert after <= max(1.0, threshold)
+    assert after <= max(1.0, 2 * heartbeat)
