@@ -82,8 +82,10 @@ class HandoverFence:
         if ref.launch is not None:
             if key in self.running:
                 self.book.adopted(key, ref.name, ref.launch)
-                if getattr(getattr(pod, "status", None), "phase", None) == "Pending":
-                    # an adopted Pending pod is in flight here now: the per-loop reconcile re-checks it
+                if getattr(getattr(pod, "status", None), "phase", None) in (None, "Pending"):
+                    # In flight here now: the per-loop reconcile re-checks it until its row or its
+                    # events say it ran. The provider lists metadata only, so the phase is unknown
+                    # (None) here: a pod already running leaves at the first reconcile.
                     self.book.created(key, ref.name, ref.namespace, ref.launch)
             else:
                 self.book.remember(ref.name, ref.launch)

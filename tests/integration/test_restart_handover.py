@@ -207,3 +207,30 @@ def test_a_watcher_ends_on_sigterm_so_a_stopping_scheduler_hands_over_at_once(wo
         watcher.kill()
         watcher.join()
     assert ended is (kind == "fenced"), "stock watcher now ends on SIGTERM" if kind == "stock" else "still alive"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_pending_pod_adopted_from_a_stopped_scheduler_then_superseded_frees_the_adopters_slot(world, kind):
+    """The adopter lists the stopped scheduler's pods as metadata only (no phase): the adopted
+    Pending pod must still be re-checked as one of the adopter's own launches in flight, so that
+    when a clear supersedes it, its deletion frees the adopter's slot (the provider reports
+    nothing for a Pending pod that is deleted). Before: judged as an orphan, deleted, slot held."""
+    creator, adopter = world.scheduler(kind), world.scheduler(kind)
+    world.queue(creator)
+    creator.executor.sync()
+    first = world.row("t1")
+    stale = _stale_pod(world, first)
+    creator.stop()
+    world.kill(creator)  # its Job is closed; the adopter's orphan check runs
+    adopter.adopt_or_reset_orphans()
+    assert first.key in adopter.executor.running  # adopted, not reset
+    _supersede(world, adopter, first)
+    adopter.executor.sync()
+    world.settle(adopter.executor, 1.5)
+    if kind == "stock":
+        assert _alive(world, first, stale) and first.key in adopter.executor.running, \
+            "stock executor no longer leaves the adopted superseded pod and its slot"
+        return
+    assert not _alive(world, first, stale)
+    assert first.key not in adopter.executor.running
+    assert world.row("t1").key in adopter.executor.running  # the current launch holds its own slot
