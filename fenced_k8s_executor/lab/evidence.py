@@ -264,7 +264,7 @@ class GaugeListener:
 def collect(*, db_url: str, kubelet_records: dict[str, dict], audit: list[dict], log_dir: Path,
             wall_seconds: float, faults: list[dict], gauges: list[dict] | None = None,
             cleared: list[dict] | None = None, foreign_prefix: str | None = None,
-            scheduler_exits: list[dict] | None = None) -> Evidence:
+            scheduler_exits: list[dict] | None = None, scheduler_restarts: list[dict] | None = None) -> Evidence:
     log, tis, history = read_db(db_url)
     scheduler_logs = sorted(log_dir.glob("scheduler-*.log"))
     foreign = {name for name, who in pod_creators(audit).items()
@@ -286,6 +286,7 @@ def collect(*, db_url: str, kubelet_records: dict[str, dict], audit: list[dict],
         executor_events=executor_events(scheduler_logs),
         watcher_lines=watcher_lines(scheduler_logs),
         scheduler_exits=scheduler_exits,
+        scheduler_restarts=scheduler_restarts,
         api_faults=api_faults(audit),
     )
 

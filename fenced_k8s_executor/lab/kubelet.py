@@ -52,12 +52,13 @@ def _now_iso() -> str:
 class LongTailDelay:
     """Seeded long-tailed start delays (most pods start fast, a few wait long), capped.
 
-    kind="lognormal": median `scale`, shape `sigma`; kind="pareto": minimum `scale`, tail `alpha`.
+    kind="lognormal": median `scale`, shape `sigma`; kind="pareto": minimum `scale`, tail `alpha`;
+    kind="uniform": between `scale` and `cap` (an image pull of 35-70 s: scale=35,cap=70).
     """
 
     def __init__(self, kind: str = "lognormal", scale: float = 1.0, sigma: float = 1.0,
                  alpha: float = 1.5, cap: float = 120.0, seed: int | None = 0):
-        if kind not in ("lognormal", "pareto"):
+        if kind not in ("lognormal", "pareto", "uniform"):
             raise ValueError(f"unknown delay distribution {kind!r}")
         self.kind, self.scale, self.sigma, self.alpha, self.cap = kind, scale, sigma, alpha, cap
         self._rng = random.Random(seed)
@@ -67,6 +68,8 @@ class LongTailDelay:
         with self._lock:
             if self.kind == "lognormal":
                 v = self._rng.lognormvariate(math.log(self.scale), self.sigma)
+            elif self.kind == "uniform":
+                v = self._rng.uniform(self.scale, self.cap)
             else:
                 v = self.scale * self._rng.paretovariate(self.alpha)
         return min(v, self.cap)

@@ -57,6 +57,9 @@ class Evidence:
     #: scheduler processes that exited while the run went on {ts, role, returncode, requested, last_error};
     #: ``requested``: the scenario killed it on purpose. None: not supervised
     scheduler_exits: list[dict] | None = None
+    #: scheduler processes started while the run went on (a rolling update's new pods, a crashed
+    #: one started again) {ts, role, why}; None: not supervised
+    scheduler_restarts: list[dict] | None = None
     #: API requests of the schedulers that an injected fault hit, from the API audit {verb, who, code}
     api_faults: list[dict] | None = None
 
@@ -197,6 +200,7 @@ def measure(ev: Evidence) -> dict[str, Any]:
         "own_pods_deleted_by_neighbour": None if ev.cross_deletes is None else sum(
             1 for d in ev.cross_deletes if not str(d["who"]).startswith("scheduler")),
         "scheduler_crashes": scheduler_crashes(ev.scheduler_exits),
+        "scheduler_restarts": None if ev.scheduler_restarts is None else len(ev.scheduler_restarts),
         "watcher_crashes": watcher_crashes(ev.watcher_lines),
         **events_applied(ev.executor_events, ev.pods),
         "api_faults_hit": None if ev.api_faults is None else dict(sorted(Counter(

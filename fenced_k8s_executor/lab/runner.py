@@ -47,7 +47,9 @@ class RunContext:
     cleared: list[dict] = field(default_factory=list)  # TIs cleared through the REST API {ts, task_id}
     neighbour: Any = None  # the other deployment in a shared namespace (its AirflowStack), if any
     neighbour_run_id: str | None = None
-    killed: set = field(default_factory=set)  # scheduler roles the scenario killed on purpose
+    killed: set = field(default_factory=set)  # scheduler roles the scenario killed or retired on purpose
+    restarts: list[dict] = field(default_factory=list)  # scheduler processes started during the run {ts, role, why}
+    db: Any = None  # the PostgreSQL server holding the metadata DB (``db_outage`` stops it)
 
     def note(self, what: str) -> None:
         self.faults.append({"ts": time.time(), "what": what})
@@ -81,6 +83,12 @@ class RunContext:
     def task_instances(self) -> list[dict]:
         return self.stack.client().task_instances(self.dag_id, self.run_id) if self.run_id else []
 
+    def _task_instances_or_none(self) -> list[dict] | None:
+        try:
+            return self.task_instances()
+        except Exception:  # noqa: BLE001 - the api-server answered with an error or not at all
+            return None
+
     def wait_pods(self, count: int, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while len(self.emulator.pods(self.stack.namespace)) < count and time.monotonic() < deadline:
@@ -100,7 +108,7 @@ class RunContext:
         """Wait until at least `count` TIs are in `states`; returns how many are."""
         deadline, found = time.monotonic() + timeout, 0
         while time.monotonic() < deadline:
-            found = sum(1 for ti in self.task_instances() if ti.get("state") in states)
+            found = sum(1 for ti in self._task_instances_or_none() or () if ti.get("state") in states)
             if found >= count:
                 break
             time.sleep(1)
@@ -132,6 +140,53 @@ class RunContext:
         self.killed.add(self.stack.schedulers[i].name)  # before the signal: the supervisor must not restart it
         self.stack.schedulers[i].kill()
         self.note(what)
+
+    def roll_scheduler(self, i: int, during: Callable[[], None] | None = None, grace: float = 10.0) -> None:
+        """Replace scheduler ``i`` as a Deployment's rolling update does (the chart's schedulers,
+        maxSurge 1): a new scheduler (a new pod: its own host name, a new SchedulerJob) starts and
+        heartbeats, then the old one gets SIGTERM (its whole process group, as dumb-init forwards
+        it) and ``grace`` seconds (the chart's terminationGracePeriodSeconds) before SIGKILL.
+        ``during`` runs right after the SIGTERM, while the old scheduler is stopping."""
+        old = self.stack.schedulers[i]
+        self.killed.add(old.name)  # a requested exit: the supervisor must not start it again
+        new = self.stack.start_scheduler(self.stack.n_schedulers)
+        self.restarts.append({"ts": time.time(), "role": new.name, "why": f"rolling update of {old.name}"})
+        self.note(f"{new.name} started to replace {old.name}")
+        deadline = time.monotonic() + 120
+        while not any(j["hostname"] == new.name and j["state"] == "running" and j["age"] < 15
+                      for j in self.stack.scheduler_jobs()):
+            if not new.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"{new.name} did not come up:\n{new.tail()}")
+            time.sleep(1)
+        self.note(f"{new.name} heartbeats; SIGTERM {old.name}")
+        t0 = time.monotonic()
+        old.signal(signal.SIGCONT)
+        old.signal(signal.SIGTERM)
+        if during is not None:
+            during()
+        old.reap(t0 + grace)
+        how = "exited" if old.proc.returncode == 0 else f"killed after {grace:.0f} s (rc {old.proc.returncode})"
+        self.note(f"{old.name} {how} {time.monotonic() - t0:.1f} s after SIGTERM")
+
+    def db_outage(self, seconds: float) -> None:
+        """Stop the metadata database's server (pg_ctl stop -m fast: every connection dropped) for
+        ``seconds``, then start it again on the same port and data."""
+        self.db.stop(cleanup=False)
+        self.note(f"metadata DB stopped for {seconds:.0f} s")
+        time.sleep(seconds)
+        self.db.start()
+        self.note("metadata DB back")
+
+    def wait_api(self, timeout: float = 120) -> None:
+        """Until the api-server answers REST calls again (after a DB outage)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.stack.client().get_dag(self.dag_id)
+                return
+            except Exception:  # noqa: BLE001 - not yet
+                time.sleep(1)
+        self.say("  the api-server did not answer again")
 
     def scheduler_faults(self, what: str, specs: list[dict]) -> None:
         """Inject each fault spec once per scheduler (the fault's ``who``), so the kubelet and the
@@ -173,7 +228,10 @@ class RunContext:
         next_tick = time.monotonic() + (every[0] if every else 0)
         last = ""
         while time.monotonic() < deadline:
-            tis = self.task_instances()
+            tis = self._task_instances_or_none()
+            if tis is None:  # the api-server could not answer (a DB outage): ask again
+                time.sleep(2)
+                continue
             states = sorted(str(ti.get("state")) for ti in tis)
             summary = ", ".join(f"{s}={states.count(s)}" for s in sorted(set(states)))
             if summary != last:
@@ -236,6 +294,7 @@ class CrashSupervisor:
             elif time.time() >= self._due[role]:
                 del self._due[role]
                 self.stack.start_scheduler(i)
+                self.ctx.restarts.append({"ts": time.time(), "role": role, "why": "exited"})
                 self.ctx.note(f"{role} restarted")
 
     def stop(self) -> list[dict]:
@@ -342,7 +401,7 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
             _neighbour_pod_template(neighbour, stack.worker_env(), scenario.neighbour[2])
             neighbour.start()
         stack.start()
-        ctx = RunContext(scenario, width, stack, emulator, dag_id, say, neighbour=neighbour)
+        ctx = RunContext(scenario, width, stack, emulator, dag_id, say, neighbour=neighbour, db=pg_server)
         base = LongTailDelay.parse(scenario.delay, seed=seed) if scenario.delay else None
         kubelet = ProcessKubelet(emulator.write_kubeconfig(str(run_dir / "kube" / "kubelet.kubeconfig"),
                                                            token="kubelet", namespace=stack.namespace),
@@ -366,7 +425,7 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
                               log_dir=stack.log_dir, wall_seconds=time.time() - ctx.t0, faults=ctx.faults,
                               gauges=gauges.snapshot() if gauges else None, cleared=ctx.cleared,
                               foreign_prefix=NEIGHBOUR if neighbour is not None else None,
-                              scheduler_exits=exits)
+                              scheduler_exits=exits, scheduler_restarts=ctx.restarts)
     finally:
         if supervisor is not None:
             supervisor.stop()

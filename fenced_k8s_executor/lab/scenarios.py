@@ -211,6 +211,33 @@ def _shared_namespace(ctx: Any) -> None:
     ctx.note("neighbour run terminal")
 
 
+def _rolling_restart(ctx: Any) -> None:
+    """Both schedulers are replaced one after the other, as ``kubectl rollout restart`` or a chart
+    upgrade does (a new scheduler pod starts and heartbeats, then the old one gets SIGTERM and
+    10 s to exit), while pods are still Pending (35-70 s image pulls); right after each SIGTERM
+    the queued tasks are cleared through the REST API, so the stopping scheduler's Pending pods
+    belong to superseded launches and only another scheduler process can delete them."""
+    ctx.trigger()
+    ctx.wait_pods(ctx.width)
+    for i in range(len(ctx.stack.schedulers)):
+        ctx.roll_scheduler(i, during=lambda: ctx.clear_tasks("clear queued TIs via REST while a scheduler stops"))
+    ctx.wait_terminal()
+
+
+def _db_outage(ctx: Any) -> None:
+    """The metadata database stops for 20 s while pods are Pending (35-70 s image pulls) and comes
+    back; schedulers that exit are started again as a Deployment would (back-off 10 s, 20 s,
+    40 s). As soon as the api-server answers again the user clears the queued tasks through the
+    REST API, while the restarted schedulers (new SchedulerJobs, the same host names) take over."""
+    ctx.trigger()
+    ctx.wait_pods(ctx.width)
+    ctx.sleep(3)
+    ctx.db_outage(20)
+    ctx.wait_api()
+    ctx.clear_tasks("clear queued TIs via REST once the DB is back")
+    ctx.wait_terminal()
+
+
 _STORM_ENV = {
     "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": "8",
     # Stuck in queued fires at 15-18 s, well inside the peer's 26 s pause.
@@ -262,6 +289,12 @@ SCENARIOS: dict[str, Scenario] = {
                  env={"AIRFLOW__CORE__PARALLELISM": "4"}),
         Scenario("shared_namespace", _shared_namespace.__doc__ or "", (4, 8), _shared_namespace,
                  neighbour=(4, 60.0, 15.0), timeout=300),
+        Scenario("rolling_restart", _rolling_restart.__doc__ or "", (6, 12), _rolling_restart,
+                 delay="uniform:scale=35,cap=70", timeout=480,
+                 env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"}),
+        Scenario("db_outage", _db_outage.__doc__ or "", (6, 12), _db_outage,
+                 delay="uniform:scale=35,cap=70", timeout=480,
+                 env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"}),
     )
 }
 

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.lab
 
 KEYS = ("queue_time_ratio", "precreate_round_trips_per_batch", "precreate_wall_ratio", "launch_throughput_ratio",
         "sweep_seconds", "sync_p50_ratio", "sync_p99_ratio", "loop_statements_per_sync", "ratio_spreads", "machine",
-        "raw", "targets", "sync_statements_per_sync", "sync_api_calls_per_sync", "sweep_peak_bytes")
+        "raw", "targets", "sync_statements_per_sync", "sync_api_calls_per_sync", "sweep_peak_bytes", "orphans",
+        "startup_seconds")
 
 
 def test_bench_smoke_writes_all_figures(tmp_path):
@@ -58,6 +59,12 @@ def test_bench_smoke_writes_all_figures(tmp_path):
     # one statement per loop for the in-flight reconcile, none for stock
     assert {n: v["fenced"] for n, v in figures["loop_statements_per_sync"].items()} == {"4": 1, "16": 1}
     assert {n: v["stock"] for n, v in figures["loop_statements_per_sync"].items()} == {"4": 0, "16": 0}
+    # a dead scheduler's launches in flight: one fence statement per loop, no API call when idle
+    orphans = figures["orphans"]
+    assert {mode: f["fenced"]["statements_per_sync_max"] for mode, f in orphans.items()} == {"idle": 1, "busy": 1}
+    assert orphans["idle"]["fenced"]["api_calls_per_sync"] == 0
+    assert figures["orphans_known_at_start"] == figures["config"]["orphan_pods"]
+    assert figures["startup_known_at_start"] == [figures["config"]["startup_pods"]]  # listed once, at start
     # the sweep: one list per page, lock + one query per page
     for size, pages in figures["sweep_pages"].items():
         assert figures["sweep_api_calls"][size]["list"] == pages

@@ -17,23 +17,26 @@ import sys
 import time
 from pathlib import Path
 
-SCENARIOS = ("queue", "precreate", "launch", "state", "inflight", "loop", "sweep")
+SCENARIOS = ("queue", "precreate", "launch", "state", "inflight", "loop", "orphans", "startup", "sweep")
 
 FULL = {"history": (50, 40, 5), "queue_workloads": 500, "queue_reps": 6, "precreate_sizes": [1, 8, 32, 128],
         "precreate_reps": 8, "launch_pods": 500, "launch_reps": 4, "batch_size": 32, "state_events": 100,
         "state_reps": 6, "sweep_sizes": [100, 1000, 10000, 100000], "sweep_reps": 3, "stale_fraction": 0.01,
         "page_size": 1000, "sweep_namespaces": [1, 4, 16], "sweep_schedulers": [1, 2, 4], "sweep_fixed_pods": 10000,
         "inflight_sizes": [10, 100, 1000], "inflight_syncs": 10, "loop_tasks": 200, "loop_per_loop": 2,
-        "loop_reps": 4, "heartbeat": 0.1, "kubelet_max_running": 16}
+        "loop_reps": 4, "heartbeat": 0.1, "kubelet_max_running": 16,
+        "orphan_pods": 1000, "orphan_syncs": 40, "startup_pods": 10000, "startup_reps": 4}
 QUICK = {**FULL, "history": (10, 10, 5), "queue_workloads": 100, "queue_reps": 2, "precreate_reps": 2,
          "launch_pods": 64, "launch_reps": 2, "state_events": 20, "state_reps": 2, "sweep_sizes": [100, 1000, 10000],
          "sweep_reps": 1, "sweep_namespaces": [1, 4], "sweep_schedulers": [1, 2], "sweep_fixed_pods": 1000,
-         "inflight_sizes": [10, 100], "inflight_syncs": 4, "loop_tasks": 40, "loop_reps": 2}
+         "inflight_sizes": [10, 100], "inflight_syncs": 4, "loop_tasks": 40, "loop_reps": 2,
+         "orphan_pods": 200, "orphan_syncs": 15, "startup_pods": 2000, "startup_reps": 2}
 #: The smoke test's sizes: every scenario and key, counts only (tests/lab/test_bench_smoke.py).
 SMOKE = {**QUICK, "history": (5, 4, 5), "queue_workloads": 16, "queue_reps": 1, "precreate_reps": 1,
          "launch_pods": 16, "launch_reps": 1, "batch_size": 8, "state_events": 8, "state_reps": 1,
          "sweep_sizes": [100, 600], "sweep_namespaces": [1, 2], "sweep_schedulers": [1, 2], "sweep_fixed_pods": 200,
-         "inflight_sizes": [4, 16], "inflight_syncs": 2, "loop_tasks": 3, "loop_reps": 1, "heartbeat": 0.05}
+         "inflight_sizes": [4, 16], "inflight_syncs": 2, "loop_tasks": 3, "loop_reps": 1, "heartbeat": 0.05,
+         "orphan_pods": 8, "orphan_syncs": 5, "startup_pods": 20, "startup_reps": 1}
 #: On the real kube-apiserver pods are created by POST (48 concurrent: 100,000 in about 80 s here).
 REAL_LIMITS = {"sweep_sizes": [100, 1000, 10000, 100000]}
 
@@ -72,7 +75,7 @@ def _rows(columns: dict, fields: tuple[str, ...]) -> dict:
 
 
 def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
-    from fenced_k8s_executor.lab.bench import creation, events, report, sweeping
+    from fenced_k8s_executor.lab.bench import creation, events, report, restarts, sweeping
     from fenced_k8s_executor.lab.bench.env import Lab, progress
 
     cfg = dict(SMOKE if args.smoke else QUICK if args.quick else FULL)
@@ -185,6 +188,24 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["sync_wire_round_trips_per_sync"] = r["wire_per_sync"]
             result["sync_api_calls_per_sync"] = r["api_calls_per_sync"]
             result["sync_api_verbs"] = r["api_verbs"]
+        _checkpoint(args, backend, result, spreads, raw)
+        if "orphans" in only:
+            progress("loop with a dead scheduler's launches in flight (deployment-wide reconcile)")
+            raw["orphans"] = r = restarts.orphans(lab, cfg["orphan_pods"], cfg["orphan_syncs"])
+            result["orphans"] = {mode: {k: v for k, v in figures.items() if k != "raw"}
+                                 for mode, figures in r["modes"].items()}
+            result["orphans_known_at_start"] = r["known_at_start"]
+            for mode, figures in r["modes"].items():
+                for q in ("p50", "p99"):
+                    spreads[f"orphans_{mode}_{q}_ratio"] = figures["spread"][q]
+                    spreads[f"orphans_{mode}_{q}_aa_ratio"] = figures["aa_spread"][q]
+        _checkpoint(args, backend, result, spreads, raw)
+        if "startup" in only:
+            progress("scheduler start-up with many Pending pods in the namespace")
+            raw["startup"] = r = restarts.startup(lab, cfg["startup_pods"], cfg["startup_reps"])
+            result["startup_seconds"] = r["seconds"]
+            result["startup_known_at_start"] = r["known_at_start"]
+            spreads["startup_ratio"] = r["spread"]
         _checkpoint(args, backend, result, spreads, raw)
         # The sweep last: on the real apiserver its ~150,000 pods stay in etcd (the emulator's are
         # cleared), and on both its ~100,000 running TIs stay in PostgreSQL.

@@ -89,6 +89,15 @@ def targets(r: dict) -> list[dict]:
                                   " peak at the smallest multi-page size)",
                         "measured": {k: f"{v / 1024:.0f} KiB" for k, v in peaks.items()},
                         "met": peaks[big] <= 1.5 * peaks[small]})
+    orphans = r.get("orphans") or {}
+    if orphans:
+        measured = {mode: {"statements": f["fenced"]["statements_per_sync_max"], "api_calls": f["fenced"]["api_calls_per_sync"]}
+                    for mode, f in orphans.items()}
+        out.append({"target": "a dead scheduler's launches in flight: 1 DB statement per loop (fenced), API calls"
+                              " per loop O(1): none idle, one per pod created busy",
+                    "measured": measured,
+                    "met": all(m["statements"] == 1 for m in measured.values()) and measured["idle"]["api_calls"] == 0
+                    and measured["busy"]["api_calls"] <= r["config"]["loop_per_loop"]})
     loop = r.get("loop_statements_per_sync") or {}
     if loop:
         fenced = {n: v["fenced"] for n, v in loop.items()}
