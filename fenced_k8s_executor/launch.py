@@ -71,17 +71,19 @@ class LaunchIdentity:
     map_index: int | None = -1  # None: the pod's map_index did not read as one
     deployment: str | None = None
 
-    @property
+    # Derived values are cached on the (immutable) instance: every loop asks them of every launch
+    # in flight, and a sweep of every pod it lists.
+    @functools.cached_property
     def legacy(self) -> bool:
         return as_token(self.token) is None
 
-    @property
+    @functools.cached_property
     def creator(self) -> int | None:
         """The SchedulerJob id of the scheduler process that launched it, when it reads as one."""
         text = self.scheduler_job_id
         return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() else None
 
-    @property
+    @functools.cached_property
     def task(self) -> TaskKey | None:
         """The task this launch is for, or None when the pod does not say (legacy pods)."""
         if not (self.dag_id and self.task_id and self.run_id) or self.map_index is None:

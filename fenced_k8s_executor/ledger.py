@@ -58,44 +58,53 @@ def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
 
 @dataclass(frozen=True)
 class Reading:
-    """One read of a loop: the rows, and which of the asked-about schedulers are running."""
+    """One read of a loop: our tasks' rows, the peers' launches whose row no longer names them, and
+    which of the asked-about schedulers are running."""
 
-    rows: dict[TaskKey, TaskRow]
+    rows: dict[TaskKey, TaskRow]  # every task asked for as ours (absent: no row)
+    superseded: dict[tuple[TaskKey, str], TaskRow | None]  # (task, token) of a peer's launch -> its row (None: gone)
     running: frozenset[int]
 
 
-def read_with_peers(tasks: Iterable[TaskKey | None], peers: Iterable[tuple[TaskKey | None, int | None]],
+def read_with_peers(tasks: Iterable[TaskKey | None], peers: Iterable[tuple[TaskKey | None, str, int | None]],
                     alive_since: datetime) -> Reading:
-    """``read_rows(tasks)``, plus the rows of other schedulers' launches in flight whose creating
-    scheduler is not running, in the same statement.
+    """``read_rows(tasks)`` and, in the same statement, the peers' launches in flight that may be
+    stale: those whose creator is not running and whose task's row does not name their token.
 
-    ``peers``: (task, creating SchedulerJob id or None) of each such launch. A creator is
+    ``peers``: (task, token, creating SchedulerJob id or None) of each launch. A creator is
     *running* when its job is ``running``, heartbeat after ``alive_since``, and no newer
     ``running`` scheduler job has the same hostname (a restarted container keeps its pod's
     hostname: the older process is gone even if its row was never closed). A running creator
-    re-checks its own launches, so their rows are not read; a launch with no creator id is
-    read. Only ``running`` matters for correctness: a peer taken for stopped just has its
-    launches checked twice, and the caller judges a peer's launch only when its creator is not
-    in ``running``, whatever the rows say.
+    re-checks its own launches; a launch with no creator id is always looked at. A launch whose
+    row names its token is current and is not returned: in steady state the peers cost the
+    database its index probes and this process nothing per launch. What is returned is the row
+    itself, for the verdicts to judge; only a launch absent from ``superseded`` is taken for
+    current, and only ``running`` says whose launches the caller may skip.
 
-    PostgreSQL: one constant statement (rows and job liveness in one snapshot); elsewhere two.
-    Raises on DB errors, as ``read_rows`` does.
+    PostgreSQL: one constant statement (rows and job liveness in one snapshot); elsewhere three
+    (the rows read whole and compared here). Raises on DB errors, as ``read_rows`` does.
     """
     global ROUND_TRIPS
     from airflow import settings
 
     own = {tuple(task) for task in tasks if task is not None}
-    asked = {(tuple(task), creator) for task, creator in peers if task is not None}
+    asked = {(tuple(task), token, creator) for task, token, creator in peers if task is not None and token}
     if not asked:
-        return Reading(read_rows(own), frozenset())
+        return Reading(read_rows(own), {}, frozenset())
     engine = settings.engine
     ROUND_TRIPS += 1
-    wanted = own | {task for task, _ in asked}
     if engine.dialect.name == "postgresql":
-        rows, running = _read_postgresql_with_peers(engine, own, asked, alive_since)
-        return Reading(_rows_of(rows, wanted), running)
-    running = _running_schedulers(engine, {c for _, c in asked if c is not None}, alive_since)
-    return Reading(_rows_of(_read_portable(engine, wanted), wanted), running)
+        return _read_postgresql_with_peers(engine, own, asked, alive_since)
+    return _read_portable_with_peers(engine, own, asked, alive_since)
+
+
+def _read_portable_with_peers(engine: Any, own: set, asked: set, alive_since: datetime) -> Reading:
+    running = _running_schedulers(engine, {creator for _, _, creator in asked if creator is not None}, alive_since)
+    wanted = own | {task for task, _, _ in asked}
+    rows = _rows_of(_read_portable(engine, wanted), wanted)
+    superseded = {(task, token): rows.get(task) for task, token, creator in asked
+                  if creator not in running and (task not in rows or rows[task].external_executor_id != token)}
+    return Reading({task: row for task, row in rows.items() if task in own}, superseded, running)
 
 
 def _read_postgresql(engine: Any, tasks: list) -> list:
@@ -104,20 +113,26 @@ def _read_postgresql(engine: Any, tasks: list) -> list:
     return _execute(engine, _postgresql_statement(engine), params)
 
 
-def _read_postgresql_with_peers(engine: Any, own: set, asked: set, alive_since: datetime) -> tuple[list, frozenset]:
-    entries = [(task, None) for task in own] + list(asked)  # a task both ours and a peer's: read once by _rows_of
-    dag_ids, task_ids, run_ids, map_indexes = (list(column) for column in zip(*(task for task, _ in entries)))
-    params = {"dag_ids": dag_ids, "task_ids": task_ids, "run_ids": run_ids, "map_indexes": map_indexes,
-              "creators": [creator for _, creator in entries],
-              "peer_jobs": sorted({creator for _, creator in asked if creator is not None}),
-              "since": alive_since}
-    rows, running = [], set()
-    for row in _execute(engine, _peers_statement(engine), params):
-        if row[5] is None:  # the liveness part: a running creator's job id
-            running.add(int(row[0]))
+def _read_postgresql_with_peers(engine: Any, own: set, asked: set, alive_since: datetime) -> Reading:
+    own_list, peer_list = list(own), list(asked)
+    params: dict[str, Any] = {"since": alive_since,
+                              "peer_jobs": sorted({c for _, _, c in peer_list if c is not None}),
+                              "tokens": [token for _, token, _ in peer_list],
+                              "creators": [creator for _, _, creator in peer_list]}
+    for prefix, tasks in (("", own_list), ("peer_", [t for t, _, _ in peer_list])):
+        columns = list(zip(*tasks)) if tasks else [(), (), (), ()]
+        for name, column in zip(("dag_ids", "task_ids", "run_ids", "map_indexes"), columns):
+            params[prefix + name] = list(column)
+    rows, superseded, running = [], {}, set()
+    for kind, *row in _execute(engine, _peers_statement(engine), params):
+        if kind == "o":
+            rows.append(row[5:])
+        elif kind == "p":  # (dag_id, task_id, run_id, map_index, token) of the launch, then its row or NULLs
+            task, token, found = (row[0], row[1], row[2], int(row[3])), row[4], row[5:]
+            superseded[(task, token)] = None if found[0] is None else _rows_of([found], {task})[task]
         else:
-            rows.append(row)
-    return rows, frozenset(running)
+            running.add(int(row[0]))
+    return Reading(_rows_of(rows, own), superseded, frozenset(running))
 
 
 def _execute(engine: Any, statement: str, params: dict) -> list:
@@ -166,27 +181,34 @@ _RUNNING_JOB = ("{j}.job_type = 'SchedulerJob' AND {j}.state = 'running' AND {j}
 
 @functools.lru_cache(maxsize=4)
 def _peers_statement(engine: Any) -> str:
-    """The loop's statement with peers: the rows of our tasks, the rows of peers' tasks whose
-    creator is not running, and (as rows whose task columns are NULL) the ids of the creators
-    that are, all in one snapshot."""
+    """The loop's statement with peers, three kinds of rows in one snapshot, told apart by the
+    first column: ``o`` our tasks' rows; ``p`` a peer's launch whose creator is not running and
+    whose task's row does not name its token (the launch's key and token, then the row, or NULLs
+    when the task has no row); ``r`` a running creator's job id."""
     from airflow.jobs.job import Job
     from airflow.models.taskinstance import TaskInstance
 
     prepare = engine.dialect.identifier_preparer
     table, job = prepare.format_table(TaskInstance.__table__), prepare.format_table(Job.__table__)
-    columns = ", ".join(f"ti.{TaskInstance.__table__.c[name].name}" + ("::text" if name == "id" else "")
-                        for name in _COLUMNS)
-    nulls = ", ".join(["NULL"] * (len(_COLUMNS) - 1))
-    running = _RUNNING_JOB.format(j="j", job=job)
-    return (f"WITH wanted AS (SELECT * FROM unnest(%(dag_ids)s::varchar[], %(task_ids)s::varchar[],"
-            " %(run_ids)s::varchar[], %(map_indexes)s::integer[], %(creators)s::integer[])"
-            " AS w(dag_id, task_id, run_id, map_index, creator)),"
-            f" running AS (SELECT j.id FROM {job} AS j WHERE j.id = ANY(%(peer_jobs)s::integer[]) AND {running})"
-            f" SELECT {columns} FROM {table} AS ti JOIN wanted"
-            " ON ti.dag_id = wanted.dag_id AND ti.task_id = wanted.task_id AND ti.run_id = wanted.run_id"
-            " AND ti.map_index = wanted.map_index"
-            " WHERE wanted.creator IS NULL OR wanted.creator NOT IN (SELECT id FROM running)"
-            f" UNION ALL SELECT running.id::text, {nulls} FROM running")
+    c = TaskInstance.__table__.c
+    columns = ", ".join(f"ti.{c[name].name}" + ("::text" if name == "id" else "") for name in _COLUMNS)
+    nulls = lambda n: ", ".join(["NULL"] * n)  # noqa: E731
+    on = (f"ti.{c['dag_id'].name} = {{w}}.dag_id AND ti.{c['task_id'].name} = {{w}}.task_id"
+          f" AND ti.{c['run_id'].name} = {{w}}.run_id AND ti.{c['map_index'].name} = {{w}}.map_index")
+    return (
+        "WITH ours AS (SELECT * FROM unnest(%(dag_ids)s::varchar[], %(task_ids)s::varchar[], %(run_ids)s::varchar[],"
+        " %(map_indexes)s::integer[]) AS w(dag_id, task_id, run_id, map_index)),"
+        " peers AS (SELECT * FROM unnest(%(peer_dag_ids)s::varchar[], %(peer_task_ids)s::varchar[],"
+        " %(peer_run_ids)s::varchar[], %(peer_map_indexes)s::integer[], %(tokens)s::varchar[], %(creators)s::integer[])"
+        " AS p(dag_id, task_id, run_id, map_index, token, creator)),"
+        f" running AS (SELECT j.id FROM {job} AS j WHERE j.id = ANY(%(peer_jobs)s::integer[])"
+        f" AND {_RUNNING_JOB.format(j='j', job=job)})"
+        f" SELECT 'o', {nulls(5)}, {columns} FROM {table} AS ti JOIN ours ON {on.format(w='ours')}"
+        f" UNION ALL SELECT 'p', peers.dag_id, peers.task_id, peers.run_id, peers.map_index::text, peers.token, {columns}"
+        f" FROM peers LEFT JOIN {table} AS ti ON {on.format(w='peers')}"
+        f" WHERE (peers.creator IS NULL OR peers.creator NOT IN (SELECT id FROM running))"
+        f" AND (ti.{c['id'].name} IS NULL OR ti.{c['external_executor_id'].name} IS DISTINCT FROM peers.token)"
+        f" UNION ALL SELECT 'r', running.id::text, {nulls(4 + len(_COLUMNS))} FROM running")
 
 
 def _running_schedulers(engine: Any, creators: set, alive_since: datetime) -> frozenset:

@@ -35,7 +35,8 @@ class Loop:
     read: bool = False  # the loop's first read happened
     covered: set = field(default_factory=set)  # tasks whose rows are in ``rows`` (absent: no row)
     rows: dict = field(default_factory=dict)  # task -> TaskRow
-    orphans: list = field(default_factory=list)  # peers' Pending pods (PodRef) whose creator is not running
+    peers: list | None = None  # this deployment's Pending pods other processes created (PodRef)
+    orphans: list = field(default_factory=list)  # (PodRef, row) of peers' pods that may be stale, creator not running
     reconciled: bool = False  # the in-flight reconcile ran this loop
     precreate: dict = field(default_factory=dict)  # id(job) -> (launch, pre-creation verdict)
     publish_failed: set = field(default_factory=set)  # id(job) of creations that did not go through

@@ -43,24 +43,31 @@ class InFlightFence:
             return loop.rows
         wanted = set(tasks) | {p.launch.task for p in self.book.pending()}
         peers = self._peer_launches()
-        reading = ledger.read_with_peers(wanted, [(ref.launch.task, ref.launch.creator) for ref in peers],
-                                         self._alive_since())
+        reading = ledger.read_with_peers(wanted, [(ref.launch.task, ref.launch.token, ref.launch.creator)
+                                                  for ref in peers], self._alive_since())
         loop.read = True
         loop.rows = reading.rows
-        loop.covered = wanted | {ref.launch.task for ref in peers}
-        me = self._scheduler_job_int()
-        loop.orphans = [ref for ref in peers if verdicts.rechecks_peer(ref.launch, me, reading.running)]
+        loop.covered = wanted  # a peer's task is not covered: its row was read only if it looked stale
+        if reading.superseded:
+            me = self._scheduler_job_int()
+            loop.orphans = [(ref, reading.superseded[key]) for ref in peers
+                            if (key := (ref.launch.task, ref.launch.token)) in reading.superseded
+                            and verdicts.rechecks_peer(ref.launch, me, reading.running)]
         return loop.rows
 
     def _peer_launches(self) -> list[pods.PodRef]:
-        """This deployment's Pending pods that other scheduler processes created (ours are in the book)."""
-        if self.pending_pods is None:
-            return []
-        mine = {p.name for p in self.book.pending()}
-        me = str(self.scheduler_job_id)
-        return [ref for ref in self.pending_pods.refs()
-                if ref.launch.scheduler_job_id != me and ref.name not in mine and ref.launch.task is not None
-                and not ref.launch.legacy]
+        """This deployment's Pending pods that other scheduler processes created (ours are in the
+        book), once per loop."""
+        loop = self._loop
+        if loop.peers is None:
+            loop.peers = []
+            if self.pending_pods is not None:
+                mine = {p.name for p in self.book.pending()}
+                me = str(self.scheduler_job_id)
+                loop.peers = [ref for ref in self.pending_pods.refs()
+                              if ref.launch.scheduler_job_id != me and ref.name not in mine
+                              and ref.launch.task is not None and not ref.launch.legacy]
+        return loop.peers
 
     def _alive_since(self):
         from airflow.utils import timezone
@@ -89,8 +96,8 @@ class InFlightFence:
         for p in self.book.pending():
             if p.launch.task in loop.covered:
                 self._reconcile_own(p, loop.rows.get(p.launch.task))
-        for ref in loop.orphans:
-            self._reconcile_orphan(ref, loop.rows.get(ref.launch.task))
+        for ref, row in loop.orphans:
+            self._reconcile_orphan(ref, row)
         loop.orphans = []
 
     def _reconcile_own(self, p, row) -> None:

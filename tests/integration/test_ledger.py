@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from fenced_k8s_executor import ledger
 
 
@@ -85,3 +87,52 @@ def test_postgresql_read_misses_no_row_when_the_engine_streams_results(metadata_
         assert sorted(row[6] for row in rows) == ["a", "b", "c"]
     finally:
         airflow.retire(dag_id)
+
+
+@pytest.mark.tasks("t1", "t2", "t3")
+def test_the_loop_read_with_peers_returns_only_what_may_be_stale_and_who_is_running(world):
+    """``read_with_peers`` on real PostgreSQL, against the portable reading of the same rows: our
+    tasks whole; a peer's launch only when its creator is not running and its task's row does not
+    name its token (its row, or None when the task is gone); the running creators. Liveness is
+    airflow-core's own Job rows: a live one, one stopped (``success``), one replaced by a newer
+    running job on its host."""
+    from datetime import timedelta
+
+    from airflow.utils import timezone
+
+    from fenced_k8s_executor import ledger
+    from fenced_k8s_executor.lab.core import Scheduler
+
+    queuer = world.scheduler("fenced", start=False)
+    world.queue(queuer, trigger=False)  # the critical section pre-assigns the tokens
+    t1, t2, t3 = (world.row(t) for t in ("t1", "t2", "t3"))
+    live, replaced, newer = (Scheduler.new_job(hostname=h) for h in ("host-live", "host-r", "host-r"))
+    stopped = Scheduler(Scheduler.new_job(hostname="host-stopped"), [])
+    stopped.stop()
+    task = lambda row: (row.dag_id, row.task_id, row.run_id, row.map_index)  # noqa: E731
+    gone = (world.dag_id, "no_such_task", world.run_id, -1)
+    other = "0" * 8 + "-0000-4000-8000-" + "0" * 12
+    peers = [(task(t1), t1.token, live.id),  # current, creator running
+             (task(t2), other, live.id),  # stale, but its creator runs: its own business
+             (task(t2), other, stopped.job.id),  # stale, creator stopped
+             (task(t3), t3.token, stopped.job.id),  # current
+             (gone, other, replaced.id),  # task gone, creator replaced on its host
+             (task(t1), other, None),  # no creator id: always looked at
+             (task(t3), other, newer.id)]  # stale, creator running (the newest on its host)
+    since = timezone.utcnow() - timedelta(seconds=60)
+    from airflow import settings
+
+    reading = ledger.read_with_peers([task(t1)], peers, since)
+    portable = ledger._read_portable_with_peers(settings.engine, {task(t1)}, set(peers), since)
+
+    assert reading == portable
+    assert reading.running == {live.id, newer.id}
+    assert set(reading.rows) == {task(t1)} and reading.rows[task(t1)].token == t1.token
+    assert set(reading.superseded) == {(task(t2), other), (gone, other), (task(t1), other)}
+    assert reading.superseded[(gone, other)] is None
+    assert reading.superseded[(task(t2), other)].ti_id == t2.id
+    nobody = ledger.read_with_peers([], peers, timezone.utcnow() + timedelta(seconds=5))
+    assert nobody.running == set()  # every heartbeat older than asked: nobody is running
+    assert (task(t3), other) in nobody.superseded and (task(t3), t3.token) not in nobody.superseded
+    for job in (live, replaced, newer):
+        Scheduler(job, []).stop()
