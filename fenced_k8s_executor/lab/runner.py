@@ -188,6 +188,24 @@ class RunContext:
                 time.sleep(1)
         self.say("  the api-server did not answer again")
 
+    def wait_schedulers(self, timeout: float = 180) -> None:
+        """Until every scheduler role the scenario did not retire heartbeats (the supervisor starts
+        crashed ones again after its back-off)."""
+        deadline = time.monotonic() + timeout
+        want = {p.name for p in self.stack.schedulers if p.name not in self.killed}
+        while time.monotonic() < deadline:
+            try:
+                jobs = self.stack.scheduler_jobs()
+            except Exception:  # noqa: BLE001 - the DB may still be coming back
+                jobs = []
+            fresh = {j["hostname"] for j in jobs if j["state"] == "running" and j["age"] < 15}
+            alive = {p.name for p in self.stack.schedulers if p.alive()}
+            if want <= fresh and want <= alive:
+                self.note("every scheduler heartbeats again")
+                return
+            time.sleep(1)
+        self.say("  not every scheduler heartbeats again")
+
     def scheduler_faults(self, what: str, specs: list[dict]) -> None:
         """Inject each fault spec once per scheduler (the fault's ``who``), so the kubelet and the
         api-server never meet them: the faults are aimed at the executor's own API calls."""
