@@ -234,3 +234,40 @@ def test_a_pending_pod_adopted_from_a_stopped_scheduler_then_superseded_frees_th
     assert not _alive(world, first, stale)
     assert first.key not in adopter.executor.running
     assert world.row("t1").key in adopter.executor.running  # the current launch holds its own slot
+
+
+def _stopped_creator_with_superseded_pod(world):
+    """A fenced scheduler created t1's pod and stopped; a user cleared t1. Returns (first row, pod)."""
+    creator = world.scheduler("fenced", hostname="scheduler-host-a")
+    world.queue(creator)
+    creator.executor.sync()
+    first = world.row("t1")
+    stale = _stale_pod(world, first)
+    creator.stop()
+    return first, stale
+
+
+def test_an_api_error_at_start_neither_deletes_nor_keeps_the_scheduler_from_starting(world, needs_emulator):
+    first, stale = _stopped_creator_with_superseded_pod(world)
+    restarted = world.scheduler("fenced", start=False, hostname="scheduler-host-a")
+    world.backend.add_fault(method="GET", path=r"/pods$", status=500, times=4, who=restarted.user)
+    restarted.executor.start()  # returns although its list of this deployment's Pending pods failed
+    _supersede(world, restarted, first)
+    assert world.sync_until(restarted.executor, lambda: not _alive(world, first, stale), timeout=30)
+    assert world.pod_of(world.row("t1"))  # the current launch's pod, created meanwhile, untouched
+
+
+def test_a_db_outage_at_start_neither_deletes_nor_keeps_the_scheduler_from_starting(world, pg_server):
+    from test_db_faults import db_outage
+
+    first, stale = _stopped_creator_with_superseded_pod(world)
+    restarted = world.scheduler("fenced", start=False, hostname="scheduler-host-a")
+    world.airflow.clear(first)  # no scheduler has re-queued it: the row names no token yet
+    with db_outage(world, pg_server):
+        restarted.executor.start()
+        for _ in range(5):
+            restarted.executor.sync()  # the loop's read fails: no evidence, nothing deleted
+        assert _alive(world, first, stale)
+    world.queue(restarted)  # re-queued with a new token: now the pod is superseded
+    restarted.executor.sync()
+    assert not _alive(world, first, stale)
