@@ -276,6 +276,7 @@ class CrashSupervisor:
     def __init__(self, stack: Any, ctx: RunContext, say: Callable[[str], None]):
         self.stack, self.ctx, self.say = stack, ctx, say
         self.exits: list[dict] = []
+        self.restarts: list[dict] = []  # the exited schedulers it started again {ts, role, why}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lab-crash-supervisor", daemon=True)
         self._due: dict[str, float] = {}  # role -> when to restart it
@@ -312,7 +313,7 @@ class CrashSupervisor:
             elif time.time() >= self._due[role]:
                 del self._due[role]
                 self.stack.start_scheduler(i)
-                self.ctx.restarts.append({"ts": time.time(), "role": role, "why": "exited"})
+                self.restarts.append({"ts": time.time(), "role": role, "why": "exited"})
                 self.ctx.note(f"{role} restarted")
 
     def stop(self) -> list[dict]:
@@ -443,7 +444,8 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
                               log_dir=stack.log_dir, wall_seconds=time.time() - ctx.t0, faults=ctx.faults,
                               gauges=gauges.snapshot() if gauges else None, cleared=ctx.cleared,
                               foreign_prefix=NEIGHBOUR if neighbour is not None else None,
-                              scheduler_exits=exits, scheduler_restarts=ctx.restarts)
+                              scheduler_exits=exits,
+                              scheduler_restarts=sorted(ctx.restarts + supervisor.restarts, key=lambda r: r["ts"]))
     finally:
         if supervisor is not None:
             supervisor.stop()

@@ -168,7 +168,8 @@ class World:
         else:
             proc.wait(timeout=10)
             raise RuntimeError(f"child scheduler exited: {(self.tmp_path / f'{user}.log').read_text()[-3000:]}")
-        child = ChildScheduler(proc, json.loads(line[len(READY):])["job_id"], user, hostname)
+        ready, _ = json.JSONDecoder().raw_decode(line[len(READY):])  # a log line may follow on the same line
+        child = ChildScheduler(proc, ready["job_id"], user, hostname)
         self.children.append(child)
         return child
 

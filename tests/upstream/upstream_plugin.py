@@ -159,9 +159,24 @@ _PROBE = "upstream_plugin: is the warning counter still attached?"
 def _end_leftover_processes() -> None:
     """Child processes still alive when the session ends (a watcher a test started and nobody
     ended) would keep this pytest from exiting (multiprocessing joins them at exit): record them
-    in the evidence, then end them so the run finishes."""
+    in the evidence, then end them so the run finishes.
+
+    First the fenced executors' watches of Pending pods (threads) of executors that a test never
+    ended are stopped, and garbage is collected: a Manager process ends when its executor is
+    collected, and such a thread keeps the executor reachable through the test's mocks (its
+    kube client mock holds the exception a test raised through it, whose traceback holds the
+    test's frame, which holds the executor); a real client holds nothing of the kind."""
+    import gc
     import multiprocessing
 
+    from fenced_k8s_executor.pending import PendingPods
+
+    watches = [o for o in gc.get_objects() if isinstance(o, PendingPods)]
+    for watch in watches:
+        _evidence["pending watches stopped at exit"] += 1
+        watch.stop()
+    watches = watch = None  # their last references here
+    gc.collect()
     for child in multiprocessing.active_children():
         _evidence["leftover processes"] += 1
         _evidence[f"leftover process {type(child).__module__}.{type(child).__qualname__}"] += 1
