@@ -10,7 +10,7 @@ creation batch, these launches, and which peers are running.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 from fenced_k8s_executor import ledger, metrics, pods, verdicts
 from fenced_k8s_executor.fences.common import Loop
@@ -69,10 +69,8 @@ class InFlightFence:
                               and ref.launch.task is not None and not ref.launch.legacy]
         return loop.peers
 
-    def _alive_since(self):
-        from airflow.utils import timezone
-
-        return timezone.utcnow() - timedelta(seconds=self._handover_after)
+    def _alive_since(self) -> datetime:
+        return datetime.now(timezone.utc) - timedelta(seconds=self._handover_after)
 
     def _reconcile_in_flight(self) -> None:
         """The reconcile when no creation batch read the rows this loop: one read at most, and none
