@@ -284,12 +284,16 @@ class World:
     def audit(self) -> list[dict]:
         return self.backend.audit()
 
-    def deletes_by(self, who: str | Scheduler) -> list[dict]:
+    def deletes_by(self, who: str | Scheduler, *, succeeded: bool = False) -> list[dict]:
+        """Pod deletes ``who`` sent; ``succeeded`` keeps those the server carried out (two fences
+        of one process, say the sweep and the loop's reconcile, may race to the same delete: the
+        loser's 404 or 409 is no second deletion)."""
         user = who.user if isinstance(who, Scheduler) else who
         deadline = time.monotonic() + (2.0 if self.backend.name == "real" else 0)
         while True:  # the real apiserver's audit log is written when the response completes
             found = [e for e in self.backend.audit() if e.get("verb") == "delete" and e.get("who") == user
-                     and e.get("resource", "pods") == "pods"]
+                     and e.get("resource", "pods") == "pods"
+                     and (not succeeded or e.get("code") in (200, 202))]
             if found or time.monotonic() >= deadline:
                 return found
             time.sleep(0.2)

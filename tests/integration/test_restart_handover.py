@@ -64,7 +64,7 @@ def _assert_fenced_by(world, kind, first, stale, sched) -> None:
         assert _alive(world, first, stale), "stock executor no longer leaves the superseded Pending pod"
         return
     assert not _alive(world, first, stale)
-    assert stale in {d["name"] for d in world.deletes_by(sched) if d.get("code") in (200, 202)}
+    assert stale in {d["name"] for d in world.deletes_by(sched, succeeded=True)}
     assert world.pod_of(world.row("t1"))  # the current launch's pod is there, untouched
 
 
