@@ -95,3 +95,53 @@ def needs_faults(kube_backend):
     """Skip on a backend without on-demand faults, compaction and watch closing (the real apiserver)."""
     if not kube_backend.supports_faults:
         pytest.skip("needs emulator-only controls (faults, compaction, close_watches); the real apiserver has none")
+
+
+# ------------------------------------------------------------------ the real node (../shared/node)
+NODE_TIMINGS: dict[str, float] = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests on the real node run last, together: the node is up only for them (it costs two
+    cores' worth of start-up and ~750 MiB), and nothing timing-sensitive runs beside it."""
+    def needs_node(item) -> bool:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        return "real_node" in getattr(item, "fixturenames", ()) or params.get("ground") == "node"
+
+    on_node = [item for item in items if needs_node(item)]
+    if on_node:
+        items[:] = [item for item in items if item not in on_node] + on_node
+
+
+def pytest_terminal_summary(terminalreporter):
+    if NODE_TIMINGS:
+        terminalreporter.section("real node: seconds per step")
+        terminalreporter.write_line(", ".join(f"{k} {v}" for k, v in NODE_TIMINGS.items()))
+
+
+@pytest.fixture(scope="session")
+def real_node():
+    """A real single-node Kubernetes 1.36.2 for the session, started and taken down by us (or one
+    already up, reused and left running). Skips with the reason when it cannot run here."""
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    from fenced_k8s_executor.lab import node as node_mod
+
+    why = "NODE_TESTS=0" if os.environ.get("NODE_TESTS") == "0" else node_mod.skip_reason()
+    if why:
+        pytest.skip(why)
+    node = node_mod.Node()
+    t0 = time.monotonic()
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        NODE_TIMINGS.update(node.timings)
+        NODE_TIMINGS["node total"] = round(time.monotonic() - t0, 1)
+        out = Path(__file__).resolve().parents[1] / "out" / "node"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "timings.json").write_text(json.dumps(NODE_TIMINGS, indent=1))

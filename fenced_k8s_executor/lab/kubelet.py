@@ -192,13 +192,23 @@ class ProcessKubelet:
     max_running: node capacity; pods beyond it stay Pending (bound only when a slot frees).
     emulator_logs: serve pod output through the emulator's log controls (None: auto-detect).
     watch_timeout: seconds per watch request; each ended watch is followed by a relist (resync).
+    delay_stage: where the start delay is spent. "scheduling" (quota, autoscaler): the pod waits
+    unbound, so deleting it removes it at once. "pulling" (an image pull): bound at once and
+    Pending with its container waiting in ContainerCreating, as a real kubelet reports it.
+    images: the images the node holds (None: every image). A missing one is never "pulled": the
+    container waits in ErrImageNeverPull (pull policy Never) or ErrImagePull, then ImagePullBackOff.
+
+    A bound pod deleted before its container started ends as a real kubelet ends it (checked
+    against a real node by tests/conformance/test_lifecycle.py): phase Failed, its container
+    terminated with ContainerStatusUnknown (137), then the final delete.
     """
 
     def __init__(self, kubeconfig: str | os.PathLike | None = None, namespace: str = "default", *,
                  api_client=None, node_name: str = "lab-node", start_delay: DelaySpec = 0.0,
                  max_running: int | None = None, base_env: dict[str, str] | None = None,
                  workdir: str | os.PathLike | None = None, records_path: str | os.PathLike | None = None,
-                 emulator_logs: bool | None = None, watch_timeout: int = 30):
+                 emulator_logs: bool | None = None, watch_timeout: int = 30,
+                 delay_stage: str = "scheduling", images: set[str] | None = None):
         from kubernetes import client, config
 
         if api_client is None:
@@ -213,6 +223,10 @@ class ProcessKubelet:
         self.records_path = Path(records_path) if records_path else self.workdir / "pods.jsonl"
         self.emulator_logs = emulator_logs
         self.watch_timeout = watch_timeout
+        if delay_stage not in ("scheduling", "pulling"):
+            raise ValueError(f"delay_stage must be 'scheduling' or 'pulling', not {delay_stage!r}")
+        self.delay_stage = delay_stage
+        self.images = None if images is None else set(images)
         self._slots = threading.BoundedSemaphore(max_running) if max_running else None
         self._runs: dict[str, _PodRun] = {}      # uid -> run
         self._lock = threading.Lock()
@@ -473,19 +487,27 @@ class ProcessKubelet:
     def _abandon_unstarted(self, run: _PodRun) -> None:
         run.record["deleted_before_start"] = True
         run.finished = True
-        if run.record["bound_at"] is not None:
-            self._final_delete(run)  # bound pods need the kubelet to finish the deletion
+        if run.record["bound_at"] is not None:  # bound pods need the kubelet to finish the deletion
+            if not run.gone:
+                run.record.update(phase="Failed", reason="ContainerStatusUnknown", exit_code=137)
+                self._patch_status(run, {"phase": "Failed", "containerStatuses": [self._container_status(run, {
+                    "terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
+                                   "message": "The container could not be located when the pod was terminated"}})]})
+            self._final_delete(run)
         else:
             run.record["deleted_at"] = run.record["deletion_seen_at"] or time.time()
             self._write(run)
 
     def _run_pod_inner(self, run: _PodRun, already_bound: bool) -> None:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
         self._write(run)
         delay = self._delay_for(run.pod)
         run.record["start_delay"] = delay
+        if self.delay_stage == "pulling" and not already_bound:
+            if not self._bind(run):
+                return
+            already_bound = True
+            self._patch_status(run, {"phase": "Pending", "containerStatuses": [
+                self._container_status(run, {"waiting": {"reason": "ContainerCreating"}})]})
         if run.deleting.wait(delay):
             return self._abandon_unstarted(run)
         if self._slots is not None:
@@ -497,28 +519,67 @@ class ProcessKubelet:
         if self._stop.is_set():
             return
         try:
-            if not already_bound:
-                try:
-                    self._retry("bind", self.core.create_namespaced_pod_binding, run.name, self.namespace,
-                                client.V1Binding(metadata=client.V1ObjectMeta(name=run.name),
-                                                 target=client.V1ObjectReference(kind="Node", name=self.node_name)),
-                                _preload_content=False)
-                except ApiException as e:
-                    log.info("bind %s failed: %s", run.name, e.status)
-                    if e.status == 404:  # deleted while we waited
-                        run.gone = True
-                        run.deleting.set()
-                        return self._abandon_unstarted(run)
-                    with self._lock:  # bound elsewhere (another kubelet): not ours
-                        self._runs.pop(run.uid, None)
-                    return
-            run.record["bound_at"] = time.time()
+            if not already_bound and not self._bind(run):
+                return
+            run.record["bound_at"] = run.record["bound_at"] or time.time()
             if run.deleting.is_set():
                 return self._abandon_unstarted(run)
+            if not self._image_present(run):
+                return self._wait_for_missing_image(run)
             self._execute(run)
         finally:
             if self._slots is not None:
                 self._slots.release()
+
+    def _bind(self, run: _PodRun) -> bool:
+        """pods/binding to this node; False when the pod is not ours to run (gone, bound elsewhere)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._retry("bind", self.core.create_namespaced_pod_binding, run.name, self.namespace,
+                        client.V1Binding(metadata=client.V1ObjectMeta(name=run.name),
+                                         target=client.V1ObjectReference(kind="Node", name=self.node_name)),
+                        _preload_content=False)
+        except ApiException as e:
+            log.info("bind %s failed: %s", run.name, e.status)
+            if e.status == 404:  # deleted while we waited
+                run.gone = True
+                run.deleting.set()
+                self._abandon_unstarted(run)
+                return False
+            with self._lock:  # bound elsewhere (another kubelet): not ours
+                self._runs.pop(run.uid, None)
+            return False
+        run.record["bound_at"] = time.time()
+        return True
+
+    def _container_status(self, run: _PodRun, state: dict) -> dict:
+        ctr = run.pod["spec"]["containers"][0]
+        return {"name": ctr["name"], "image": ctr.get("image", ""), "imageID": "", "ready": False,
+                "started": False, "restartCount": 0, "state": state}
+
+    def _image_present(self, run: _PodRun) -> bool:
+        return self.images is None or run.pod["spec"]["containers"][0].get("image") in self.images
+
+    def _wait_for_missing_image(self, run: _PodRun) -> None:
+        """Pending for good: the kubelet cannot get the image (no registry answers for it)."""
+        ctr = run.pod["spec"]["containers"][0]
+        image = ctr.get("image", "")
+        if ctr.get("imagePullPolicy") == "Never":
+            waits = [("ErrImageNeverPull", f'Container image "{image}" is not present with pull policy of Never')]
+        else:
+            waits = [("ErrImagePull", f'failed to pull and unpack image "{image}"'),
+                     ("ImagePullBackOff", f'Back-off pulling image "{image}"')]
+        for i, (reason, message) in enumerate(waits):
+            self._patch_status(run, {"phase": "Pending", "containerStatuses": [
+                self._container_status(run, {"waiting": {"reason": reason, "message": message}})]})
+            if i + 1 < len(waits) and run.deleting.wait(1.0):
+                break
+        while not run.deleting.wait(0.5):
+            if self._stop.is_set():
+                return
+        return self._abandon_unstarted(run)
 
     def _execute(self, run: _PodRun) -> None:
         pod = run.pod
