@@ -62,3 +62,28 @@ def fenced_repro():
 
 fenced_repro()
 PYEOF
+
+# Smallest end-to-end check of the image on a cluster: two short tasks, one after the other.
+COPY --chown=airflow:0 <<'PYEOF' /opt/airflow/dags/fenced_smoke.py
+"""Smoke DAG baked into the kind image: `hello` then `world`, each done in well under a second."""
+
+from __future__ import annotations
+
+from airflow.sdk import dag, task
+
+
+@dag(dag_id="fenced_smoke", schedule=None, catchup=False, tags=["fenced-k8s-executor", "smoke"])
+def fenced_smoke():
+    @task
+    def hello() -> str:
+        return "hello"
+
+    @task
+    def world(greeting: str) -> str:
+        return f"{greeting} world"
+
+    world(hello())
+
+
+fenced_smoke()
+PYEOF
