@@ -74,6 +74,35 @@ def test_entrypoint_passes_python_through(kind_image):
     assert prefix == "/home/airflow/.local"
 
 
+def test_log_groomer_sidecar_runs_and_stops_on_sigterm(kind_image):
+    """The Helm chart's log-groomer sidecar runs `bash /clean-logs` in this image."""
+    old = kind_image.root / "opt/airflow/logs/dag_id=x/old.log"
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_text("old\n")
+    os.utime(old, (time.time() - 20 * 86400,) * 2)
+    for p in (old.parent, old):
+        os.chown(p, 50000, 0)  # as the task that wrote it would have
+    jail = kind_image.jail()
+    proc = jail.popen(kind_image.argv(["bash", "/clean-logs"]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while old.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not old.exists() and not old.parent.exists(), proc.poll()
+        os.kill(proc.pid, signal.SIGTERM)  # dumb-init's pid: it forwards the signal
+        proc.wait(timeout=15)
+        assert "Cleaning logs every 900 seconds" in proc.stdout.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        jail.cleanup()
+
+
 def test_providers_list(kind_image):
     out = _ok(kind_image.run(["airflow", "providers", "list", "--output", "json"], env=NO_DB_WAIT))
     names = {p["package_name"] for p in json.loads(out[out.index("["):])}

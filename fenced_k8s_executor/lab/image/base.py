@@ -84,6 +84,31 @@ fi
 exec airflow "$@"
 """
 
+# The log groomer the Helm chart runs as a sidecar (`bash /clean-logs`), as in apache/airflow.
+CLEAN_LOGS_SH = r"""#!/usr/bin/env bash
+# Stand-in for apache/airflow's /clean-logs (the Helm chart's log-groomer sidecar): deletes task
+# logs older than AIRFLOW__LOG_RETENTION_DAYS (default 15) every
+# AIRFLOW__LOG_CLEANUP_FREQUENCY_MINUTES (default 15). Not reproduced: the size-based trimming.
+set -euo pipefail
+readonly DIRECTORY="${AIRFLOW_HOME:-/opt/airflow}"
+readonly RETENTION="${AIRFLOW__LOG_RETENTION_DAYS:-15}"
+readonly FREQUENCY="${AIRFLOW__LOG_CLEANUP_FREQUENCY_MINUTES:-15}"
+trap "exit" INT TERM
+readonly EVERY=$((FREQUENCY * 60))
+echo "Cleaning logs every $EVERY seconds"
+while true; do
+    echo "Trimming airflow logs to ${RETENTION} days."
+    find "${DIRECTORY}"/logs -type d -name 'lost+found' -prune -o \
+        -type f -mtime +"${RETENTION}" -name '*.log' -print0 | xargs -0 rm -f || true
+    find "${DIRECTORY}"/logs -mindepth 1 -type d -empty -delete || true
+    seconds=$(($(date -u +%s) % EVERY))
+    ((seconds < 1)) || sleep $((EVERY - seconds - 1)) &
+    wait $! || true
+    sleep 1 &
+    wait $! || true
+done
+"""
+
 # PostgreSQL: behaves like the official postgres image for POSTGRES_USER/PASSWORD/DB and PGDATA.
 POSTGRES_MAJOR = 15
 POSTGRES_ENTRYPOINT = ["/usr/local/bin/docker-entrypoint.sh"]
@@ -287,7 +312,7 @@ class Bases:
     # --- apache/airflow stand-in ----------------------------------------------------------------
     def airflow_key(self) -> str:
         return _hash("airflow-v1", self.debian_key(), self.airflow_version, AIRFLOW_EXTRAS,
-                     self.constraints.read_text(), ENTRYPOINT_SH, json.dumps(AIRFLOW_ENV, sort_keys=True))
+                     self.constraints.read_text(), ENTRYPOINT_SH, CLEAN_LOGS_SH, json.dumps(AIRFLOW_ENV, sort_keys=True))
 
     def airflow_tar(self) -> Path:
         tar = self.dir / f"airflow-{self.airflow_version}-{self.airflow_key()}.tar"
@@ -305,8 +330,9 @@ class Bases:
                  f" && mkdir -p {AIRFLOW_HOME}/dags {AIRFLOW_HOME}/logs"
                  f" && chown -R airflow:0 {AIRFLOW_HOME} {AIRFLOW_USER_HOME}"
                  f" && chmod -R g+rwX {AIRFLOW_HOME} {AIRFLOW_USER_HOME}")
-            (root / "entrypoint").write_text(ENTRYPOINT_SH)
-            os.chmod(root / "entrypoint", 0o755)
+            for path, text in (("entrypoint", ENTRYPOINT_SH), ("clean-logs", CLEAN_LOGS_SH)):
+                (root / path).write_text(text)
+                os.chmod(root / path, 0o755)
             (root / "tmp/constraints.txt").write_bytes(self.constraints.read_bytes())
             env, binds = build_env()
             env.update(AIRFLOW_ENV, HOME=AIRFLOW_USER_HOME, USER="airflow")
