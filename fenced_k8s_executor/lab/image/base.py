@@ -4,6 +4,8 @@ recipe (the text of the steps below, the Airflow version, the constraints file's
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -275,6 +277,17 @@ def _finish_rootfs(root: Path) -> None:
             rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """One builder at a time per cached tar (a second one waits, then finds the tar made)."""
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class Bases:
     """Builds or reuses the cached rootfs tars."""
 
@@ -292,6 +305,10 @@ class Bases:
 
     def debian_tar(self) -> Path:
         tar = self.dir / f"debian-{SUITE}-{self.debian_key()}.tar"
+        with _locked(self.dir / ".lock-debian"):
+            return self._debian_tar(tar)
+
+    def _debian_tar(self, tar: Path) -> Path:
         if tar.exists():
             self.say(f"[image] cached Debian base: {tar}")
             return tar
@@ -316,6 +333,12 @@ class Bases:
 
     def airflow_tar(self) -> Path:
         tar = self.dir / f"airflow-{self.airflow_version}-{self.airflow_key()}.tar"
+        if not tar.exists():
+            self.debian_tar()  # outside the airflow lock (it takes its own)
+        with _locked(self.dir / ".lock-airflow"):
+            return self._airflow_tar(tar)
+
+    def _airflow_tar(self, tar: Path) -> Path:
         if tar.exists():
             self.say(f"[image] cached apache/airflow:{self.airflow_version} stand-in: {tar}")
             return tar
@@ -368,7 +391,11 @@ class Bases:
             tar_extract(debian, root)
         j = Jail(root, env=APT_ENV)
         with self.timer(f"apt-get install postgresql-{POSTGRES_MAJOR}"):
-            # Like the official image: no cluster made by the package; the entrypoint runs initdb.
+            # Like the official image: user postgres is 999:999 (manifests may set runAsUser/fsGroup
+            # 999), and the package makes no cluster; the entrypoint runs initdb.
+            j.sh("groupadd -r postgres --gid=999 && useradd -r -g postgres --uid=999"
+                 " --home-dir=/var/lib/postgresql --shell=/bin/bash postgres"
+                 " && mkdir -p /var/lib/postgresql && chown -R postgres:postgres /var/lib/postgresql")
             _apt(j, ["postgresql-common"])
             j.sh("sed -ri 's/#(create_main_cluster) .*$/\\1 = false/' /etc/postgresql-common/createcluster.conf")
             _apt(j, [f"postgresql-{POSTGRES_MAJOR}"])
