@@ -3,6 +3,7 @@
     fenced-k8s-repro image                       # kind stage  -> out/image/fenced-k8s-executor-dev.tar
     fenced-k8s-repro image --target runtime      # runtime stage -> out/image/fenced-k8s-executor-runtime.tar
     fenced-k8s-repro image --postgres            # -> out/image/postgres-15.tar (localhost/fenced/postgres:15)
+    fenced-k8s-repro image --with-postgres       # both: the kind image, then the PostgreSQL image
     python -m fenced_k8s_executor.lab.image ...  # the same
     ... --load                                   # then ../shared/node/load-image.sh on the tar
 

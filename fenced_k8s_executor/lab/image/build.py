@@ -219,16 +219,17 @@ def _parser() -> argparse.ArgumentParser:
         "(debootstrap + pip; no Docker needed; root), pack it with ../shared/node/mkimage.py into out/image/, "
         "optionally load it onto the node. --postgres builds the PostgreSQL image instead.")
     p.add_argument("--target", choices=["kind", "runtime"], default="kind", help="Dockerfile stage (default kind)")
-    p.add_argument("--name", default=None,
+    p.add_argument("--name", default=None,  # of the first image when --with-postgres
                    help=f"image name (default {DEFAULT_NAMES['kind']} for kind, {DEFAULT_NAMES['runtime']} for runtime,"
                    f" {POSTGRES_NAME} with --postgres)")
     p.add_argument("--postgres", action="store_true", help=f"build the PostgreSQL image ({POSTGRES_NAME}) instead")
+    p.add_argument("--with-postgres", action="store_true", help="build the PostgreSQL image too (and load both with --load)")
     p.add_argument("--build-arg", action="append", default=[], metavar="K=V", help="like docker build --build-arg")
     p.add_argument("--out", type=Path, default=None, help="output dir (default <repo>/out/image)")
     p.add_argument("--constraints", type=Path, default=None, help="pip constraints for the stand-in (default <repo>/.ci/constraints.txt)")
     p.add_argument("--airflow-version", default=None, help="Airflow of the stand-in (default: the constraints' apache-airflow pin)")
     p.add_argument("--mkimage", type=Path, default=None, help="mkimage.py (default $FENCED_MKIMAGE or ../shared/node/mkimage.py)")
-    p.add_argument("--load", action="store_true", help="run ../shared/node/load-image.sh on the tar ($FENCED_LOAD_IMAGE)")
+    p.add_argument("--load", action="store_true", help="run ../shared/node/load-image.sh on the tar(s) ($FENCED_LOAD_IMAGE)")
     p.add_argument("--no-pip-cache", action="store_true", help="do not share a pip download cache with the stand-in build")
     p.add_argument("--keep-rootfs", action="store_true", help="keep the built rootfs next to the tar (NAME.rootfs)")
     return p
@@ -266,12 +267,31 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     bases = B.Bases(repo, timer, constraints, version,
                     None if a.no_pip_cache else B.cache_dir() / "pip", say)
-    name = a.name or (POSTGRES_NAME if a.postgres else DEFAULT_NAMES[a.target])
+    jobs = [(True, POSTGRES_NAME)] if a.postgres else [(False, DEFAULT_NAMES[a.target])]
+    if a.with_postgres and not a.postgres:
+        jobs.append((True, POSTGRES_NAME))
+    if a.name:
+        jobs[0] = (jobs[0][0], a.name)
+    tars = [_build_one(a, is_pg, name, repo, out_dir, tool, bases, timer, build_args, say) for is_pg, name in jobs]
+    say(f"[image] done in {time.monotonic() - t0:.1f}s: " + ", ".join(f"{n} ({t.name})" for (_, n), t in zip(jobs, tars)))
+    if a.load:
+        loader = node_tool(repo, "load-image.sh", "FENCED_LOAD_IMAGE")
+        for tar in tars:
+            with timer(f"load {tar.name} onto the node"):
+                subprocess.run(["bash", str(loader), str(tar)], check=True)
+    for tar in tars:
+        print(tar)
+    return 0
+
+
+def _build_one(a, is_pg: bool, name: str, repo: Path, out_dir: Path, tool: Path, bases: B.Bases, timer: Timer,
+               build_args: dict, say) -> Path:
+    t0 = time.monotonic()
     tar = out_dir / f"{safe(name)}.tar"
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".work-") as tmp:
         work = Path(tmp)
         try:
-            if a.postgres:
+            if is_pg:
                 root = work / "postgres"
                 bases.postgres_rootfs(root)
                 cfg = dict(entrypoint=B.POSTGRES_ENTRYPOINT, cmd=B.POSTGRES_CMD, env=B.POSTGRES_ENV,
@@ -291,9 +311,4 @@ def main(argv: list[str] | None = None) -> int:
             for d in work.iterdir():
                 rmtree(d)
     say(f"[image] {name} -> {tar} ({tar.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - t0:.1f}s")
-    if a.load:
-        loader = node_tool(repo, "load-image.sh", "FENCED_LOAD_IMAGE")
-        with timer(f"load {tar.name} onto the node"):
-            subprocess.run(["bash", str(loader), str(tar)], check=True)
-    print(tar)
-    return 0
+    return tar

@@ -17,7 +17,7 @@ import os
 import re
 import shlex
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
