@@ -24,9 +24,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "image: builds the container images (minutes on the first run; root)")
 
 
-def _mounts() -> list[str]:
+def _mounts_under(*dirs: Path) -> list[str]:
+    """Mount points at or below `dirs` (the rest of the host may change meanwhile: other work)."""
+    roots = [os.path.realpath(d) for d in dirs]
     with open("/proc/self/mountinfo") as f:
-        return sorted(" ".join(line.split()[3:5]) for line in f)
+        points = [line.split()[4] for line in f]
+    return sorted(p for p in points for r in roots if p == r or p.startswith(r + "/"))
 
 
 @dataclass
@@ -99,13 +102,16 @@ def image_tmp(tmp_path_factory, image_env):
     base.mkdir(parents=True, exist_ok=True)
     import tempfile
 
-    d = Path(tempfile.mkdtemp(prefix=".test-", dir=base))
-    before = _mounts()
-    yield d
+    from fenced_k8s_executor.lab.image.base import cache_dir
     from fenced_k8s_executor.lab.image.chroot import rmtree
 
+    d = Path(tempfile.mkdtemp(prefix=".test-", dir=base))
+    watched = [d, cache_dir()] if cache_dir().exists() else [d]
+    assert _mounts_under(*watched) == []
+    yield d
+    left = _mounts_under(*watched)
+    assert left == [], f"the image tests left mounts behind: {left}"
     rmtree(d)
-    assert _mounts() == before, "the image tests left mounts behind"
 
 
 def _build(image_tmp: Path, name: str, args: list[str]) -> Image:
