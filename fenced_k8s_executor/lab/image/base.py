@@ -390,6 +390,10 @@ class Bases:
         return tar
 
     # --- PostgreSQL ------------------------------------------------------------------------------
+    def postgres_key(self, name: str) -> str:
+        return _hash("postgres-v1", self.debian_key(), name, inspect.getsource(Bases.postgres_rootfs),
+                     POSTGRES_ENTRYPOINT_SH, json.dumps([POSTGRES_ENTRYPOINT, POSTGRES_CMD, POSTGRES_ENV]))
+
     def postgres_rootfs(self, root: Path) -> None:
         debian = self.debian_tar()
         with self.timer("unpack the Debian base"):

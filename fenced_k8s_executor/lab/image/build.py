@@ -251,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda m: print(m, flush=True)  # noqa: E731
     if os.geteuid() != 0:
         raise SystemExit("fenced-k8s-repro image needs root (debootstrap, chroot, mount namespaces)")
+    if not shutil.which("debootstrap") and shutil.which("apt-get"):  # a fresh Debian machine
+        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], capture_output=True)
+        if not shutil.which("debootstrap"):
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], capture_output=True)
     for tool in ("debootstrap", "tar"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} not found (apt-get install {tool})")
@@ -288,6 +293,12 @@ def _build_one(a, is_pg: bool, name: str, repo: Path, out_dir: Path, tool: Path,
                build_args: dict, say) -> Path:
     t0 = time.monotonic()
     tar = out_dir / f"{safe(name)}.tar"
+    # The PostgreSQL image depends on nothing of this repository: it is cached whole.
+    cached = bases.dir / f"{safe(name)}-{bases.postgres_key(name)}.tar" if is_pg and not a.keep_rootfs else None
+    if cached is not None and cached.exists():
+        shutil.copyfile(cached, tar)
+        say(f"[image] cached {name}: {cached} -> {tar}")
+        return tar
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".work-") as tmp:
         work = Path(tmp)
         try:
@@ -310,5 +321,8 @@ def _build_one(a, is_pg: bool, name: str, repo: Path, out_dir: Path, tool: Path,
         finally:
             for d in work.iterdir():
                 rmtree(d)
+    if cached is not None:
+        shutil.copyfile(tar, cached.with_suffix(".tmp"))
+        cached.with_suffix(".tmp").rename(cached)
     say(f"[image] {name} -> {tar} ({tar.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - t0:.1f}s")
     return tar
