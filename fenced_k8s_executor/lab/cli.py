@@ -18,7 +18,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run real Airflow HA (embedded PostgreSQL, Kubernetes API emulator or a real kube-apiserver, "
         "process kubelet) "
         "through the failure modes of apache/airflow#69760 with the stock and the fenced executor.",
-        epilog="Subcommand: `fenced-k8s-repro bench --help` for the cost benchmark.",
+        epilog="Subcommands: `fenced-k8s-repro bench --help` for the cost benchmark; `fenced-k8s-repro image "
+        "--help` builds the project image from the Dockerfile without Docker (and loads it onto ../shared/node).",
     )
     p.add_argument("--executor", choices=["stock", "fenced", "both"], default="both")
     p.add_argument("--scenario", default=",".join(DEFAULT),
@@ -135,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         from fenced_k8s_executor.lab.bench import main as bench_main
 
         return bench_main(argv[1:]) or 0
+    if argv[:1] == ["image"]:
+        from fenced_k8s_executor.lab.image import main as image_main
+
+        return image_main(argv[1:])
     run(_parser().parse_args(argv))
     return 0
 

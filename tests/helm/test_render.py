@@ -285,3 +285,26 @@ def test_up_sh_chart_copy_renders_the_same_manifests(render, minihelm, kind_secr
     ours = comparable([d for d in yaml.safe_load_all(out) if d])
     assert len(ours) > 20
     assert ours == comparable(render(kind_values, kind_secrets).docs)
+
+
+NODE_OVERLAY = ROOT / "kind-config" / "node" / "values.yaml"  # what tests/node installs on ../shared/node
+
+
+@pytest.mark.parametrize("path", KIND_FILES, ids=_ids(KIND_FILES))
+def test_the_real_node_overlay_needs_nothing_the_node_lacks(path, render):
+    """On a cluster with no registry and no StorageClass (../shared/node), every image is the
+    imported project image and never pulled, no volume claim is made, and the executor is the
+    values file's own; tests/node installs exactly this render."""
+    rendered = render(path, NODE_OVERLAY)
+    images = set()
+    for doc in rendered.docs:
+        spec = (doc.get("spec") or {}).get("template", {}).get("spec") or {}
+        assert not (doc.get("spec") or {}).get("volumeClaimTemplates"), doc["metadata"]["name"]
+        assert doc.get("kind") != "PersistentVolumeClaim", doc["metadata"]["name"]
+        for ctr in spec.get("containers", []) + spec.get("initContainers", []):
+            images.add(ctr["image"])
+            assert ctr.get("imagePullPolicy") == "Never", (doc["metadata"]["name"], ctr["name"])
+    assert images == {"localhost/fenced-k8s-executor:dev"}
+    config = rendered.get("ConfigMap", f"{RELEASE}-config")["data"]["airflow.cfg"]
+    assert "worker_container_repository = localhost/fenced-k8s-executor" in config
+    assert "statsd_on = False" in config or "statsd_on" not in config
