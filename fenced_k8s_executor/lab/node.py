@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 from fenced_k8s_executor.lab.chart import SHARED
 
 NODE = SHARED / "node"
-API = ("10.88.0.1", 6443)  # the node's apiserver address (../shared/node/env.sh)
+BRIDGE = "fncbr0"  # made by up.sh, removed by down.sh (../shared/node/env.sh)
 DEFAULT_WORK = Path("/var/lib/fenced-node")
 
 
@@ -57,12 +56,10 @@ def _host_state() -> dict[str, set[str]]:
     return {"iptables rules": rules, "network links": links, "network namespaces": netns}
 
 
-def _api_answers() -> bool:
-    try:
-        with socket.create_connection(API, timeout=1):
-            return True
-    except OSError:
-        return False
+def _node_up() -> bool:
+    """A node's bridge exists: one is up (a TCP probe of its address proves nothing while the
+    bridge is down, since the address is then routed off the machine)."""
+    return Path("/sys/class/net", BRIDGE).exists()
 
 
 @dataclass
@@ -93,10 +90,10 @@ class Node:
         self.bin_dir = self._sh("install.sh").splitlines()[-1]
         self.timings["install"] = round(time.monotonic() - t0, 1)
         given = os.environ.get("FENCED_NODE_KUBECONFIG")
-        if given or _api_answers():
+        if given or _node_up():
             self.kubeconfig = given or str(DEFAULT_WORK / "admin.kubeconfig")
             if not Path(self.kubeconfig).is_file():
-                raise RuntimeError(f"a cluster answers on {API[0]}:{API[1]} but {self.kubeconfig} does not exist: "
+                raise RuntimeError(f"a node is up (bridge {BRIDGE}) but {self.kubeconfig} does not exist: "
                                    "set FENCED_NODE_KUBECONFIG")
             self.timings["up"] = 0.0
             return self

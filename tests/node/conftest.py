@@ -52,12 +52,12 @@ def fenced_install(real_node, images):
     cluster = Cluster(real_node.kubeconfig, real_node.kubectl)
     install = Install(cluster, "fenced", namespace="airflow", values_dir=OUT)
     try:
-        _timed(real_node.timings, "install", install.run)
+        _timed(real_node.timings, "chart install", install.run)
     except Exception:
         _dump(cluster, "airflow")
         raise
     finally:
-        real_node.timings.update({f"install: {k}": v for k, v in install.timings.items()})
+        real_node.timings.update({f"chart install: {k}": v for k, v in install.timings.items()})
     yield install
     if not real_node.owned:  # a cluster we did not start: leave it as we found it
         cluster.run("delete", "namespace", "airflow", "--wait=false", check=False)
