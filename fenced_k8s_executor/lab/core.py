@@ -22,6 +22,7 @@ Reading rows (``Airflow.row``) is plain SQL: assertions may read, never write.
 
 from __future__ import annotations
 
+import inspect
 import textwrap
 import uuid
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ class Airflow:
         path = self.dags_folder / f"{dag_id}.py"
         path.write_text(textwrap.dedent(DAG_FILE.format(dag_id=dag_id, task_ids=list(task_ids), retries=retries,
                                                            imports=imports, task_kwargs=task_kwargs)))
-        DagBundlesManager().sync_bundles_to_db(deactivate_missing=False)
+        _sync_bundles(DagBundlesManager())
         bag = DagBag(dag_folder=path, bundle_path=self.dags_folder, bundle_name=BUNDLE)
         if bag.import_errors or dag_id not in bag.dags:
             raise RuntimeError(f"DAG file {path} did not parse: {bag.import_errors}")
@@ -424,3 +425,13 @@ def our_deployment() -> str | None:
 
     configured = conf.get("fenced_kubernetes_executor", "deployment_id", fallback="") or ""
     return configured.strip() or derive(conf.get("database", "sql_alchemy_conn"))
+
+
+def _sync_bundles(manager: Any) -> None:
+    """Write the configured DAG bundles as the dag-processor does, leaving other processes'
+    bundles alone where airflow-core can (``deactivate_missing``, Airflow 3.3; 3.2 always
+    deactivates the bundles its configuration lacks, none in the lab)."""
+    if "deactivate_missing" in inspect.signature(manager.sync_bundles_to_db).parameters:
+        manager.sync_bundles_to_db(deactivate_missing=False)
+    else:
+        manager.sync_bundles_to_db()
