@@ -80,6 +80,7 @@ class Airflow:
         self.dags_folder = Path(dags_folder)
         self.dags_folder.mkdir(parents=True, exist_ok=True)
         self._api = None
+        self._execution_api = None
 
     # ------------------------------------------------------------------ DAGs and runs
 
@@ -220,8 +221,11 @@ class Airflow:
 
             from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
 
-            self._api = httpx.Client(transport=InProcessExecutionAPI().transport,
-                                     base_url="http://in-process.invalid/")
+            # Kept: on Airflow 3.2 the lifespan (its services registry) ends when this object goes.
+            self._execution_api = api = InProcessExecutionAPI()
+            transport = api.transport
+            _wait_for_lifespan(api.app)
+            self._api = httpx.Client(transport=transport, base_url="http://in-process.invalid/")
         return self._api
 
     def start(self, row: Row, *, hostname: str = "worker-pod", pid: int = 4242) -> Any:
@@ -252,6 +256,7 @@ class Airflow:
         if self._api is not None:
             self._api.close()
             self._api = None
+            self._execution_api = None
 
 
 def _row(ti: Any) -> Row:
@@ -435,3 +440,16 @@ def _sync_bundles(manager: Any) -> None:
         manager.sync_bundles_to_db(deactivate_missing=False)
     else:
         manager.sync_bundles_to_db()
+
+
+def _wait_for_lifespan(app: Any, timeout: float = 30.0) -> None:
+    """Wait until the in-process execution API's lifespan has started (its services registry is
+    set): Airflow 3.3's ``InProcessExecutionAPI.transport`` waits for it, 3.2's starts it in the
+    background, so a first request could meet an app without services (500)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while getattr(app.state, "svcs_registry", None) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the in-process execution API did not start within 30 s")
+        time.sleep(0.01)
