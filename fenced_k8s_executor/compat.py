@@ -33,7 +33,7 @@ SUPPORTED_AIRFLOW = ">=3.2.2,<3.4"
 SUPPORTED_PROVIDER = ">=10.23.0,<10.26"
 #: The combinations the CI matrix measured (README "Supported").
 TESTED_AIRFLOW = ("3.2.2", "3.3.2")
-TESTED_PROVIDER = ("10.23.0", "10.25.0")
+TESTED_PROVIDER = ("10.23.0", "10.24.0", "10.25.0")
 
 AIRFLOW_DIST = "apache-airflow-core"
 PROVIDER_DIST = "apache-airflow-providers-cncf-kubernetes"

@@ -112,7 +112,7 @@ def test_an_older_release_is_refused_naming_installed_and_supported_versions(ver
 
 
 @pytest.mark.parametrize("versions, named", [
-    ({"provider_version": "10.26.0"}, "apache-airflow-providers-cncf-kubernetes 10.26.0 (tested: 10.23.0, 10.25.0)"),
+    ({"provider_version": "10.26.0"}, "apache-airflow-providers-cncf-kubernetes 10.26.0 (tested: 10.23.0, 10.24.0, 10.25.0)"),
     ({"provider_version": "11.0.0"}, "apache-airflow-providers-cncf-kubernetes 11.0.0"),
     ({"airflow_version": "3.4.0"}, "apache-airflow 3.4.0 (tested: 3.2.2, 3.3.2) is newer"),
     ({"airflow_version": "3.4.0rc1"}, "apache-airflow 3.4.0rc1"),
