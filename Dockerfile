@@ -13,8 +13,8 @@ FROM apache/airflow:${AIRFLOW_IMAGE_TAG} AS runtime
 # Re-declare after FROM so the value is visible inside this stage.
 ARG AIRFLOW_IMAGE_TAG=3.3.2
 # Pin airflow in the same pip call so resolving our dependencies can never up- or downgrade
-# the Airflow that the base image ships (the cncf-kubernetes provider is moved to the pinned
-# 10.25.x range by our own requirements).
+# the Airflow that the base image ships (the cncf-kubernetes provider is moved into the supported
+# 10.23.0-10.25.x range by our own requirements if it is outside it; docs/versions.md).
 USER airflow
 COPY --chown=airflow:0 . /tmp/fenced-k8s-executor
 RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_IMAGE_TAG%%-*}" /tmp/fenced-k8s-executor \

@@ -42,7 +42,7 @@ from urllib3.exceptions import ReadTimeoutError
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import ALL_NAMESPACES, POD_EXECUTOR_DONE_KEY
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import KubernetesJobWatcher
 
-from fenced_k8s_executor import guards, metrics
+from fenced_k8s_executor import guards, metrics, provider_compat
 
 log = logging.getLogger("fenced_k8s_executor")
 
@@ -51,15 +51,6 @@ RELIST_PAGE_SIZE = 500
 #: Seconds between attempts after an API error (doubling up to the maximum).
 BACKOFF_START = 0.5
 BACKOFF_MAX = 15.0
-
-
-#: Provider watcher hooks this module overrides or calls (checked at import).
-_WATCHER_HOOKS = ("run", "_run", "_pod_events", "process_status", "process_error")
-_missing = [name for name in _WATCHER_HOOKS if not callable(getattr(KubernetesJobWatcher, name, None))]
-if _missing:
-    from fenced_k8s_executor.compat import IncompatibleProviderError
-
-    raise IncompatibleProviderError(f"fenced-k8s-executor: KubernetesJobWatcher lacks {', '.join(_missing)}")
 
 
 def _is_gone(error: BaseException) -> bool:
@@ -270,15 +261,9 @@ def _is_api_error(error: BaseException) -> bool:
 def _make_resilient_watcher(self: Any, namespace: str) -> ResilientJobWatcher:
     from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import ResourceVersion
 
-    watcher = ResilientJobWatcher(
-        watcher_queue=self.watcher_queue,
-        namespace=namespace,
-        resource_version=ResourceVersion().resource_version.get(namespace, "0"),
-        scheduler_job_id=self.scheduler_job_id,
-        kube_config=self.kube_config,
-        supports_task_instance_uuid=self.supports_task_instance_uuid,
-        team_name=self.team_name,
-    )
+    # The provider's own arguments, as its ``_make_kube_watcher`` passes them (they differ by release).
+    watcher = ResilientJobWatcher(**provider_compat.watcher_kwargs(
+        self, namespace, ResourceVersion().resource_version.get(namespace, "0")))
     watcher.start()
     return watcher
 

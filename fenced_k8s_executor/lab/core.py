@@ -22,6 +22,7 @@ Reading rows (``Airflow.row``) is plain SQL: assertions may read, never write.
 
 from __future__ import annotations
 
+import inspect
 import textwrap
 import uuid
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ class Airflow:
         self.dags_folder = Path(dags_folder)
         self.dags_folder.mkdir(parents=True, exist_ok=True)
         self._api = None
+        self._execution_api = None
 
     # ------------------------------------------------------------------ DAGs and runs
 
@@ -94,7 +96,7 @@ class Airflow:
         path = self.dags_folder / f"{dag_id}.py"
         path.write_text(textwrap.dedent(DAG_FILE.format(dag_id=dag_id, task_ids=list(task_ids), retries=retries,
                                                            imports=imports, task_kwargs=task_kwargs)))
-        DagBundlesManager().sync_bundles_to_db(deactivate_missing=False)
+        _sync_bundles(DagBundlesManager())
         bag = DagBag(dag_folder=path, bundle_path=self.dags_folder, bundle_name=BUNDLE)
         if bag.import_errors or dag_id not in bag.dags:
             raise RuntimeError(f"DAG file {path} did not parse: {bag.import_errors}")
@@ -219,8 +221,11 @@ class Airflow:
 
             from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
 
-            self._api = httpx.Client(transport=InProcessExecutionAPI().transport,
-                                     base_url="http://in-process.invalid/")
+            # Kept: on Airflow 3.2 the lifespan (its services registry) ends when this object goes.
+            self._execution_api = api = InProcessExecutionAPI()
+            transport = api.transport
+            _wait_for_lifespan(api.app)
+            self._api = httpx.Client(transport=transport, base_url="http://in-process.invalid/")
         return self._api
 
     def start(self, row: Row, *, hostname: str = "worker-pod", pid: int = 4242) -> Any:
@@ -251,6 +256,7 @@ class Airflow:
         if self._api is not None:
             self._api.close()
             self._api = None
+            self._execution_api = None
 
 
 def _row(ti: Any) -> Row:
@@ -424,3 +430,26 @@ def our_deployment() -> str | None:
 
     configured = conf.get("fenced_kubernetes_executor", "deployment_id", fallback="") or ""
     return configured.strip() or derive(conf.get("database", "sql_alchemy_conn"))
+
+
+def _sync_bundles(manager: Any) -> None:
+    """Write the configured DAG bundles as the dag-processor does, leaving other processes'
+    bundles alone where airflow-core can (``deactivate_missing``, Airflow 3.3; 3.2 always
+    deactivates the bundles its configuration lacks, none in the lab)."""
+    if "deactivate_missing" in inspect.signature(manager.sync_bundles_to_db).parameters:
+        manager.sync_bundles_to_db(deactivate_missing=False)
+    else:
+        manager.sync_bundles_to_db()
+
+
+def _wait_for_lifespan(app: Any, timeout: float = 30.0) -> None:
+    """Wait until the in-process execution API's lifespan has started (its services registry is
+    set): Airflow 3.3's ``InProcessExecutionAPI.transport`` waits for it, 3.2's starts it in the
+    background, so a first request could meet an app without services (500)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while getattr(app.state, "svcs_registry", None) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the in-process execution API did not start within 30 s")
+        time.sleep(0.01)

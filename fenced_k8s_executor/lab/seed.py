@@ -33,14 +33,18 @@ class SeededTI:
 def seed_dag(engine: sa.Engine, dag_id: str) -> str:
     """Bundle, DAG and one DAG version; returns the dag_version id."""
     version_id = str(uuid.uuid4())
+    # partition_mapper_info (NOT NULL) exists from Airflow 3.3's schema on; 3.2's dag table has none.
+    partitioned = "partition_mapper_info" in _columns(engine, "dag")
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO dag_bundle(name) VALUES (:b) ON CONFLICT DO NOTHING"), {"b": BUNDLE})
         conn.execute(
             sa.text(
-                "INSERT INTO dag(dag_id, is_paused, is_stale, bundle_name, timetable_type, partition_mapper_info,"
-                " max_active_tasks, max_consecutive_failed_dag_runs, has_task_concurrency_limits, owners,"
-                " relative_fileloc) VALUES (:d, false, false, :b, '', '{}', 16, 0, false, 'lab', :f)"
-                " ON CONFLICT DO NOTHING"
+                "INSERT INTO dag(dag_id, is_paused, is_stale, bundle_name, timetable_type,"
+                + (" partition_mapper_info," if partitioned else "")
+                + " max_active_tasks, max_consecutive_failed_dag_runs, has_task_concurrency_limits, owners,"
+                " relative_fileloc) VALUES (:d, false, false, :b, '',"
+                + (" '{}'," if partitioned else "")
+                + " 16, 0, false, 'lab', :f) ON CONFLICT DO NOTHING"
             ),
             {"d": dag_id, "b": BUNDLE, "f": f"{dag_id}.py"},
         )
@@ -52,6 +56,10 @@ def seed_dag(engine: sa.Engine, dag_id: str) -> str:
             {"v": version_id, "d": dag_id, "b": BUNDLE},
         )
     return version_id
+
+
+def _columns(engine: sa.Engine, table: str) -> set[str]:
+    return {column["name"] for column in sa.inspect(engine).get_columns(table)}
 
 
 def seed_run(engine: sa.Engine, dag_id: str, run_id: str, dag_version_id: str) -> None:

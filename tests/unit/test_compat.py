@@ -1,35 +1,185 @@
-"""The import-time hook check looks at the provider's classes, where a missing hook is missing
-(our subclass defines its overrides, so checking it would always pass)."""
+"""The import-time checks look at the provider's classes, where a missing hook is missing (our
+subclass defines its overrides, so checking it would always pass), and the version policy of
+docs/versions.md: refuse what the fences cannot work with or what is older than supported, warn on
+a newer untested release that passes every check. ``provider_compat`` is checked against the
+installed provider (the CI matrix runs this file on 10.23.0 and 10.25.0)."""
 
 from __future__ import annotations
 
+import inspect
+import logging
+import types
+from importlib.metadata import version
+
 import pytest
+from packaging.version import Version
 
-from fenced_k8s_executor import compat
+from airflow.executors.base_executor import BaseExecutor
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
+from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import (
+    AirflowKubernetesScheduler,
+    KubernetesJobWatcher,
+)
+
+from fenced_k8s_executor import compat, provider_compat
+
+PROVIDER = version("apache-airflow-providers-cncf-kubernetes")
+AIRFLOW = version("apache-airflow-core")
 
 
-def test_the_installed_provider_has_every_hook():
-    from airflow.executors.base_executor import BaseExecutor
-    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
-    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import AirflowKubernetesScheduler
-
-    compat.check(KubernetesExecutor, BaseExecutor, AirflowKubernetesScheduler)
+def check(executor=KubernetesExecutor, base=BaseExecutor, scheduler=AirflowKubernetesScheduler,
+          watcher=KubernetesJobWatcher, **versions):
+    return compat.check(executor, base, scheduler, watcher, **versions)
 
 
-@pytest.mark.parametrize("hook", compat.REQUIRED_EXECUTOR_HOOKS)
+def test_the_installed_combination_is_supported_and_tested(caplog):
+    with caplog.at_level(logging.WARNING, logger="fenced_k8s_executor"):
+        support = check()
+    assert support == compat.Support(AIRFLOW, PROVIDER, ())
+    assert support.warning is None and not caplog.records
+
+
+@pytest.mark.parametrize("hook", list(compat.REQUIRED_EXECUTOR_HOOKS))
 def test_a_provider_without_an_overridden_hook_fails_naming_it(hook):
-    from airflow.executors.base_executor import BaseExecutor
-    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
-    from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import AirflowKubernetesScheduler
-
     renamed = type("OlderKubernetesExecutor", (KubernetesExecutor,), {hook: None})
-    with pytest.raises(compat.IncompatibleProviderError, match=hook):
-        compat.check(renamed, BaseExecutor, AirflowKubernetesScheduler)
+    with pytest.raises(compat.IncompatibleProviderError, match=f"{hook} is missing"):
+        check(renamed)
 
 
-def test_the_executor_module_checks_the_provider_class():
-    import inspect
+def test_a_hook_that_no_longer_takes_the_fences_arguments_fails_naming_it():
+    def _change_state(self, results):  # the session became positional-only elsewhere, say
+        raise AssertionError
 
+    changed = type("NewerKubernetesExecutor", (KubernetesExecutor,), {"_change_state": _change_state})
+    with pytest.raises(compat.IncompatibleProviderError, match=r"_change_state\(self, results\) does not take"):
+        check(changed)
+
+
+@pytest.mark.parametrize("hook", list(compat.REQUIRED_SCHEDULER_HOOKS))
+def test_a_scheduler_without_a_wrapped_hook_fails_naming_it(hook):
+    renamed = type("OlderScheduler", (AirflowKubernetesScheduler,), {hook: None})
+    with pytest.raises(compat.IncompatibleProviderError, match=f"AirflowKubernetesScheduler.{hook} is missing"):
+        check(scheduler=renamed)
+
+
+@pytest.mark.parametrize("hook", list(compat.REQUIRED_WATCHER_HOOKS))
+def test_a_watcher_without_an_overridden_hook_fails_naming_it(hook):
+    renamed = type("OlderWatcher", (KubernetesJobWatcher,), {hook: None})
+    with pytest.raises(compat.IncompatibleProviderError, match=f"KubernetesJobWatcher.{hook} is missing"):
+        check(watcher=renamed)
+
+
+def test_a_watcher_that_drops_a_constructor_argument_fails_naming_it():
+    def __init__(self, namespace, watcher_queue, resource_version, scheduler_job_id):
+        raise AssertionError
+
+    changed = type("NewerWatcher", (KubernetesJobWatcher,), {"__init__": __init__})
+    with pytest.raises(compat.IncompatibleProviderError, match="does not take kube_config"):
+        check(watcher=changed)
+
+
+def test_a_core_that_does_not_pre_assign_the_token_fails_naming_the_versions():
+    older_base = type("BaseExecutor", (), {})  # as on Airflow 3.2.0-3.2.1
+    with pytest.raises(compat.IncompatibleProviderError) as raised:
+        check(base=older_base)
+    message = str(raised.value)
+    assert "pre_assigns_external_executor_id is missing" in message
+    assert f"Installed: apache-airflow {AIRFLOW}, apache-airflow-providers-cncf-kubernetes {PROVIDER}" in message
+    assert f"supported: apache-airflow {compat.SUPPORTED_AIRFLOW}" in message
+    assert f"apache-airflow-providers-cncf-kubernetes {compat.SUPPORTED_PROVIDER}" in message
+
+
+def test_uuid_executor_keys_are_refused():
+    uuid_keyed = type("UuidKubernetesExecutor", (KubernetesExecutor,), {"supports_task_instance_uuid": True})
+    with pytest.raises(compat.IncompatibleProviderError, match="task instance UUID"):
+        check(uuid_keyed)
+
+
+@pytest.mark.parametrize("versions, named", [
+    ({"airflow_version": "3.2.1"}, "apache-airflow 3.2.1 is older than the first supported release 3.2.2"),
+    ({"airflow_version": "3.1.8"}, "apache-airflow 3.1.8 is older"),
+    ({"provider_version": "10.22.0"},
+     "apache-airflow-providers-cncf-kubernetes 10.22.0 is older than the first supported release 10.23.0"),
+])
+def test_an_older_release_is_refused_naming_installed_and_supported_versions(versions, named):
+    with pytest.raises(compat.IncompatibleProviderError) as raised:
+        check(**versions)
+    message = str(raised.value)
+    assert named in message
+    installed = versions.get("airflow_version", AIRFLOW), versions.get("provider_version", PROVIDER)
+    assert f"Installed: apache-airflow {installed[0]}, apache-airflow-providers-cncf-kubernetes {installed[1]}" in message
+    assert compat.SUPPORTED_AIRFLOW in message and compat.SUPPORTED_PROVIDER in message
+
+
+@pytest.mark.parametrize("versions, named", [
+    ({"provider_version": "10.26.0"}, "apache-airflow-providers-cncf-kubernetes 10.26.0 (tested: 10.23.0, 10.24.0, 10.25.0)"),
+    ({"provider_version": "11.0.0"}, "apache-airflow-providers-cncf-kubernetes 11.0.0"),
+    ({"airflow_version": "3.4.0"}, "apache-airflow 3.4.0 (tested: 3.2.2, 3.3.2) is newer"),
+    ({"airflow_version": "3.4.0rc1"}, "apache-airflow 3.4.0rc1"),
+])
+def test_a_newer_release_with_every_hook_runs_with_a_loud_warning(caplog, versions, named):
+    with caplog.at_level(logging.WARNING, logger="fenced_k8s_executor"):
+        support = check(**versions)
+    assert support.untested and named in support.warning
+    assert "UNTESTED" in support.warning
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [support.warning]
+
+
+def test_a_newer_release_missing_a_hook_is_refused_not_warned():
+    renamed = type("NewerKubernetesExecutor", (KubernetesExecutor,), {"_should_create_pod_for_job": None})
+    with pytest.raises(compat.IncompatibleProviderError, match="10.26.0"):
+        check(renamed, provider_version="10.26.0")
+
+
+def test_prereleases_within_the_range_are_supported():
+    assert check(provider_version="10.25.1rc1").untested == ()
+
+
+def test_the_executor_module_checks_the_provider_classes():
     from fenced_k8s_executor import executor
 
-    assert "compat.check(KubernetesExecutor," in inspect.getsource(executor)
+    assert "compat.check(KubernetesExecutor, BaseExecutor, AirflowKubernetesScheduler, KubernetesJobWatcher)" in (
+        inspect.getsource(executor))
+    assert executor.SUPPORT == compat.Support(AIRFLOW, PROVIDER, ())
+
+
+# ---------------------------------------------------------------- provider_compat
+
+
+def _kube_scheduler(**extra):
+    return types.SimpleNamespace(watcher_queue="queue", scheduler_job_id="7", kube_config="config", **extra)
+
+
+def test_watcher_arguments_follow_the_installed_provider():
+    """Read off the wheels: 10.24.0 added supports_task_instance_uuid and team_name to the watcher."""
+    kwargs = provider_compat.watcher_kwargs(_kube_scheduler(supports_task_instance_uuid=False, team_name="a"),
+                                            "ns", "0")
+    optional = {"supports_task_instance_uuid", "team_name"} if Version(PROVIDER) >= Version("10.24.0") else set()
+    assert set(kwargs) == set(provider_compat.REQUIRED_WATCHER_ARGS) | optional
+    assert kwargs["namespace"] == "ns" and kwargs["resource_version"] == "0" and kwargs["scheduler_job_id"] == "7"
+    from fenced_k8s_executor.watching import ResilientJobWatcher
+
+    watcher = ResilientJobWatcher(**kwargs)  # built, not started
+    assert watcher.namespace == "ns" and watcher.scheduler_job_id == "7"
+    if optional:
+        assert watcher.team_name == "a"
+
+
+def test_watcher_arguments_of_a_release_whose_watcher_takes_only_the_core_ones():
+    def __init__(self, namespace, watcher_queue, resource_version, scheduler_job_id, kube_config):
+        pass
+
+    core_only = type("Watcher1023", (KubernetesJobWatcher,), {"__init__": __init__})
+    kwargs = provider_compat.watcher_kwargs(_kube_scheduler(team_name="a"), "ns", None, core_only)
+    assert set(kwargs) == set(provider_compat.REQUIRED_WATCHER_ARGS)
+    assert provider_compat.missing_watcher_args(core_only) == []
+
+
+def test_optional_watcher_arguments_default_when_the_scheduler_lacks_them():
+    def __init__(self, namespace, watcher_queue, resource_version, scheduler_job_id, kube_config,
+                 supports_task_instance_uuid=False, team_name=None):
+        pass
+
+    both = type("Watcher1025", (KubernetesJobWatcher,), {"__init__": __init__})
+    kwargs = provider_compat.watcher_kwargs(_kube_scheduler(), "ns", None, both)
+    assert kwargs["supports_task_instance_uuid"] is False and kwargs["team_name"] is None

@@ -10,14 +10,26 @@ from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import Kube
 
 from fenced_k8s_executor import FencedKubernetesExecutor, config
 
-GAUGE = "airflow._shared.observability.metrics.stats.gauge"
 NAMES = "airflow.executors.base_executor.ExecutorLoader.get_executor_names"
 
 
+def _gauge(**kwargs):
+    """A patch of the gauge ``BaseExecutor._emit_metrics`` calls: the ``stats`` module's function
+    on Airflow 3.3, ``Stats.gauge`` on 3.2 (both imported by airflow.executors.base_executor)."""
+    from airflow.executors import base_executor
+
+    stats = getattr(base_executor, "stats", None)
+    if stats is not None and callable(getattr(stats, "gauge", None)):
+        return mock.patch.object(stats, "gauge", **kwargs)
+    return mock.patch.object(base_executor.Stats, "gauge", create=True, **kwargs)
+
+
 def _gauges(executor, executors=1):
-    with mock.patch(GAUGE) as gauge, mock.patch(NAMES, return_value=[object()] * executors):
+    with _gauge() as gauge, mock.patch(NAMES, return_value=[object()] * executors):
         executor._emit_metrics(4, 2, 1)
-    return {c.args[0]: c.kwargs["tags"]["executor_class_name"] for c in gauge.call_args_list}
+    # the executor's name tag: ``executor_class_name`` on Airflow 3.3, ``name`` on 3.2
+    return {c.args[0]: c.kwargs["tags"].get("executor_class_name", c.kwargs["tags"].get("name"))
+            for c in gauge.call_args_list}
 
 
 @pytest.mark.parametrize("executors", [1, 2])
@@ -43,7 +55,7 @@ def test_the_option_names_the_executor_and_the_class_is_restored():
 
 def test_class_is_restored_when_emitting_fails():
     executor = FencedKubernetesExecutor()
-    with mock.patch(GAUGE, side_effect=RuntimeError("statsd down")), pytest.raises(RuntimeError):
+    with _gauge(side_effect=RuntimeError("statsd down")), pytest.raises(RuntimeError):
         executor._emit_metrics(1, 0, 0)
     assert type(executor) is FencedKubernetesExecutor
 

@@ -39,6 +39,8 @@ DEVEL_COMMON_VERSION = "0.1.1"
 
 #: sha256 of the provider sdist per version (the file PyPI serves for ``--no-binary :all:``).
 PINNED_SHA256 = {
+    "10.23.0": "602ff0b0ca48edbd7980c7778a04583bfe717ebd23761007f58fc53317ceb73b",
+    "10.24.0": "9f9ca2ee57d2ff88c7e241fdc6d19be16b0d6acd82c5545af1a90dd846be79b7",
     "10.25.0": "134809a37537cedf05cd6d60c51b64cd1df430c29e289786214d33307b27accf",
 }
 #: sha256 of the devel-common wheel per version.
