@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from fenced_k8s_executor.lab.image.base import VENV  # the airflow user's ~/.local
+
 pytestmark = pytest.mark.image
 
 NO_DB_WAIT = {"CONNECTION_CHECK_MAX_COUNT": "0"}
@@ -32,7 +34,7 @@ def test_image_config(kind_image):
     assert cfg["User"] == "airflow"  # the Dockerfile's USER, as docker stores it
     assert cfg["WorkingDir"] == "/opt/airflow"
     env = kind_image.env
-    assert env["PATH"].split(":")[0] == "/home/airflow/.local/bin"
+    assert env["PATH"].split(":")[0] == f"{VENV}/bin"
     assert env["AIRFLOW_HOME"] == "/opt/airflow"
     assert env["AIRFLOW_UID"] == "50000" and env["AIRFLOW_USER_HOME_DIR"] == "/home/airflow"
     assert env["PYTHONUNBUFFERED"] == "1"
@@ -70,8 +72,8 @@ def test_entrypoint_passes_python_through(kind_image):
                               "fenced_k8s_executor.FencedKubernetesExecutor; "
                               "print(fenced_k8s_executor.__file__); print(sys.prefix)"]))
     path, prefix = out.strip().splitlines()[-2:]
-    assert path.startswith("/home/airflow/.local/lib/python3.")
-    assert prefix == "/home/airflow/.local"
+    assert path.startswith(f"{VENV}/lib/python3.")
+    assert prefix == VENV
 
 
 def test_log_groomer_sidecar_runs_and_stops_on_sigterm(kind_image):

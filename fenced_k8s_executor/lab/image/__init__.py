@@ -24,7 +24,7 @@ The stand-in (base.py) is *not* apache/airflow:3.3.2. It is:
   - Debian bookworm, `debootstrap --variant=minbase`, plus bash, ca-certificates, dumb-init,
     python3, python3-venv. Python is Debian's 3.11 (the official 3.3.2 image defaults to 3.12);
   - user `airflow`, UID 50000, GID 0, HOME /home/airflow; AIRFLOW_HOME=/opt/airflow owned by
-    airflow:0 with dags/ and logs/; a virtualenv at /home/airflow/.local whose bin is first on PATH
+    airflow:0 with dags/ and logs/; a virtualenv at ~airflow/.local whose bin is first on PATH
     (like the official 3.x image) holding `apache-airflow[cncf.kubernetes,postgres]==3.3.2`;
   - constrained by the project's `.ci/constraints.txt` (pins resolved for 3.3.2 on Python 3.11),
     NOT Airflow's published constraints-3.3.2 file (GitHub is not reachable from this machine).
