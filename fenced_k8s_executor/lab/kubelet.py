@@ -650,16 +650,13 @@ class ProcessKubelet:
 
     def _finish(self, run: _PodRun, code: int, reason: str, started: str, deleted: bool = False) -> None:
         phase = "Succeeded" if code == 0 else "Failed"
-        ctr = run.pod["spec"]["containers"][0]
         run.record.update(finished_at=time.time(), exit_code=code, reason=reason, phase=phase)
         if not run.gone:
-            self._patch_status(run, {"phase": phase, "containerStatuses": [{
-                "name": ctr["name"], "image": ctr.get("image", ""), "imageID": "", "ready": False,
-                "started": False, "restartCount": 0,
-                "containerID": f"process://{run.proc.pid if run.proc else 0}",
-                "state": {"terminated": {"exitCode": code, "reason": reason, "startedAt": started,
-                                         "finishedAt": _now_iso()}}}],
-                "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}]})
+            status = self._container_status(run, {"terminated": {
+                "exitCode": code, "reason": reason, "startedAt": started, "finishedAt": _now_iso()}})
+            status["containerID"] = f"process://{run.proc.pid if run.proc else 0}"
+            self._patch_status(run, {"phase": phase, "containerStatuses": [status],
+                                     "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}]})
         run.finished = True
         self._write(run)
         if run.deleting.is_set():
