@@ -33,7 +33,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="Kubernetes API: the emulator (fresh per run; every scenario), or a real kube-apiserver "
                    "v1.36.2 + etcd started from KUBEBUILDER_ASSETS (fault-free scenarios only)")
     p.add_argument("--kubeconfig", type=Path, default=None,
-                   help="run on an existing cluster (e.g. kind) instead; fault-free scenarios only, no audit log")
+                   help="run on an existing cluster instead (../shared/node, kind): its kubelet runs the worker pods "
+                   "in --image as real containers; fault-free scenarios only. The lab's Airflow processes run on "
+                   "this machine, which must share its file system with the node (hostPath DAGs)")
+    p.add_argument("--node", action="store_true",
+                   help="bring up ../shared/node, build and load the project image, run there (--kubeconfig of "
+                   "that node), take the node down after")
+    p.add_argument("--image", default=None, help="worker image on the cluster (default localhost/fenced-k8s-executor:dev,"
+                   " built and loaded by `fenced-k8s-repro image --load`)")
+    p.add_argument("--worker-host", default=None,
+                   help="the address pods reach this machine by (default: the cluster node's InternalIP when it is "
+                   "an address of this machine, as on ../shared/node)")
     return p
 
 
@@ -84,13 +94,10 @@ def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, An
         if emulator_only:
             say(f"skipping {emulator_only}: they inject API faults, which only the emulator does on demand")
         names = [n for n in names if n not in emulator_only]
-        if getattr(args, "kubeconfig", None):  # one set of credentials: no second deployment's own callers
-            two = [n for n in names if SCENARIOS[n].neighbour]
-            if two:
-                say(f"skipping {two}: a second deployment needs its own tokens, an existing cluster has one caller")
-            names = [n for n in names if n not in two]
         if not names:
             raise SystemExit("no fault-free scenario selected for a real Kubernetes API")
+    if getattr(args, "node", False):
+        return _on_node(args, say)
     out = args.out or Path(tempfile.mkdtemp(prefix="fenced-lab-"))
     say(f"fenced-k8s-repro: scenarios {names}, executors {executors}, seed {args.seed}, evidence in {out}")
     started = time.time()
@@ -108,7 +115,8 @@ def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, An
             runs = {}
             for executor in executors:
                 outcome = run_one(SCENARIOS[name], executor, pg_server=pg, out_dir=out, seed=args.seed,
-                                  quick=args.quick, schedulers=args.schedulers, say=say, kube=kube)
+                                  quick=args.quick, schedulers=args.schedulers, say=say, kube=kube,
+                                  image=getattr(args, "image", None), worker_host=getattr(args, "worker_host", None))
                 results.setdefault(name, {})[executor] = outcome["metrics"]
                 runs[executor] = outcome["evidence"]
             if args.out:
@@ -128,6 +136,29 @@ def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, An
         })
         say(f"report: {out / 'report.md'}")
     return results
+
+
+def _on_node(args: argparse.Namespace, say) -> dict[str, dict[str, dict[str, Any]]]:
+    """``--node``: ../shared/node up, the project image built and loaded, the run, the node down."""
+    import subprocess
+
+    from fenced_k8s_executor.lab import node as node_mod
+
+    why = node_mod.skip_reason()
+    if why:
+        raise SystemExit(f"--node: {why}")
+    node = node_mod.Node().start()
+    try:
+        say(f"real node up ({node.timings}); building and loading the project image")
+        built = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.image", "--target", "kind"],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            raise SystemExit(f"image build failed:\n{built.stderr[-3000:]}")
+        node.load(built.stdout.strip().splitlines()[-1])
+        return run(argparse.Namespace(**{**vars(args), "node": False, "kubeconfig": Path(node.kubeconfig)}), say)
+    finally:
+        node.stop()
+        say(f"real node steps (s): {node.timings}")
 
 
 def main(argv: list[str] | None = None) -> int:

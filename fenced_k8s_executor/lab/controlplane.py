@@ -462,10 +462,13 @@ class ExternalCluster:
 
     Kubeconfigs written for the lab reuse the file's credentials (tokens cannot be minted, so
     every lab process is the same caller) with the namespace changed; no audit log is readable
-    (`audit()` is empty, so audit-based lab figures read 0) and there are no faults."""
+    (`audit()` is empty: the lab reads who deleted what from the schedulers' logs instead) and
+    there are no faults. Its own kubelet runs the pods (``runs_pods``: ``lab/workers.py``).
+    ``stop()`` deletes the namespaces the lab created, and only those."""
 
     name = "external"
     supports_faults = False
+    runs_pods = True
 
     def __init__(self, kubeconfig: str | os.PathLike, context: str | None = None):
         import yaml
@@ -480,6 +483,7 @@ class ExternalCluster:
         self.url = cluster["cluster"]["server"]
         self._core = None
         self._namespaces: set[str] = set()
+        self._created: set[str] = set()
 
     def _v1(self):
         if self._core is None:
@@ -494,7 +498,15 @@ class ExternalCluster:
         return self
 
     def stop(self) -> None:
-        pass
+        from kubernetes.client.exceptions import ApiException
+
+        for ns in sorted(self._created):
+            try:
+                self._v1().delete_namespace(ns)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        self._created.clear()
 
     def write_kubeconfig(self, path: str | os.PathLike, token: str | None = None, namespace: str = "default") -> str:
         cfg = json.loads(json.dumps(self.config, default=str))
@@ -526,6 +538,7 @@ class ExternalCluster:
         self._namespaces.add(name)
         try:
             self._v1().create_namespace({"metadata": {"name": name}})
+            self._created.add(name)
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -539,8 +552,9 @@ class ExternalCluster:
     def audit(self, since: int = 0) -> list[dict]:
         return []
 
-    def reset(self) -> None:
-        """Delete the pods of the namespaces the lab made sure of (grace 0), nothing else."""
+    def reset(self, timeout: float = 120) -> None:
+        """Delete the pods of the namespaces the lab made sure of (grace 0), nothing else, and wait
+        until they are gone (a real kubelet stops their containers first)."""
         from kubernetes.client.exceptions import ApiException
 
         for ns in sorted(self._namespaces):
@@ -550,6 +564,9 @@ class ExternalCluster:
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
+        deadline = time.monotonic() + timeout
+        while any(self.pods(ns) for ns in self._namespaces) and time.monotonic() < deadline:
+            time.sleep(1)
 
     def clear_faults(self, fault_id: int | None = None) -> None:
         pass

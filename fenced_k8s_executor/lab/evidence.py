@@ -167,13 +167,14 @@ def api_faults(audit: list[dict], callers: str = "scheduler") -> list[dict]:
             for e in audit if e.get("fault") and str(e.get("who", "")).startswith(callers)]
 
 
-def scheduler_deletes(audit: list[dict]) -> list[dict]:
-    return [
-        {"ts": entry["ts"], "who": entry["who"], "name": entry.get("name")}
-        for entry in audit
-        if entry.get("verb") == "delete" and str(entry.get("who", "")).startswith("scheduler")
-        and entry.get("code") in (200, 202)
-    ]
+def audit_deletes(audit: list[dict]) -> list[dict]:
+    """Every pod deletion the API server carried out {ts, who, name}, from its audit log."""
+    return [{"ts": e["ts"], "who": str(e.get("who", "")), "name": e.get("name")} for e in audit
+            if e.get("verb") == "delete" and e.get("resource", "pods") == "pods" and e.get("code") in (200, 202)]
+
+
+def scheduler_deletes(deletes: list[dict]) -> list[dict]:
+    return [d for d in deletes if str(d.get("who", "")).startswith("scheduler")]
 
 
 def pod_creators(audit: list[dict]) -> dict[str, str]:
@@ -183,14 +184,41 @@ def pod_creators(audit: list[dict]) -> dict[str, str]:
             and entry.get("name") and entry.get("code") in (200, 201)}
 
 
-def cross_deletes(audit: list[dict], foreign_prefix: str) -> list[dict]:
+#: The provider's ``AirflowKubernetesScheduler.delete_pod`` logs this line before each delete call.
+PROVIDER_DELETE = re.compile(r"Deleting pod (\S+) in namespace (\S+)")
+
+
+def log_deleters(logs: dict[str, list[Path]]) -> dict[str, str]:
+    """Pod name -> the scheduler (role) whose log says it deleted that pod: the provider's
+    ``Deleting pod`` line or a fence's ``decision=pod.deleted`` line. The attribution of deletes
+    on a cluster whose API audit log the lab cannot read (``--kubeconfig``): only Airflow's
+    schedulers delete worker pods there, and both executors log every delete they send."""
+    found: dict[str, str] = {}
+    for role, paths in logs.items():
+        for path in paths:
+            for line in path.read_text(errors="replace").splitlines():
+                match = PROVIDER_DELETE.search(line)
+                name = match.group(1) if match else None
+                if name is None and "fenced_k8s_executor decision=pod.deleted" in line:
+                    decision = DECISION.search(line)
+                    name = (decision.group(5) or "").split("/")[-1] if decision else None
+                if name:
+                    found.setdefault(name, role)
+    return found
+
+
+def observed_deletes(deletions: list[dict], deleters: dict[str, str]) -> list[dict]:
+    """Deletions a pod watch saw begin {ts, name}, each with the scheduler that sent it (``who``;
+    ``?`` when no scheduler log names the pod)."""
+    return [{"ts": d["ts"], "who": deleters.get(d["name"], "?"), "name": d["name"]}
+            for d in sorted(deletions, key=lambda d: d["ts"])]
+
+
+def cross_deletes(deletes: list[dict], creators: dict[str, str], foreign_prefix: str) -> list[dict]:
     """Pod deletions across two deployments sharing a namespace: who deleted a pod the other
     deployment created. Callers named ``<foreign_prefix>...`` are the neighbour deployment."""
-    creators = pod_creators(audit)
     out = []
-    for entry in audit:
-        if entry.get("verb") != "delete" or entry.get("resource") != "pods" or entry.get("code") not in (200, 202):
-            continue
+    for entry in deletes:
         creator, who = creators.get(entry.get("name") or ""), str(entry.get("who", ""))
         if creator is None or not (who.startswith("scheduler") or who.startswith(foreign_prefix)):
             continue
@@ -264,25 +292,29 @@ class GaugeListener:
 def collect(*, db_url: str, kubelet_records: dict[str, dict], audit: list[dict], log_dir: Path,
             wall_seconds: float, faults: list[dict], gauges: list[dict] | None = None,
             cleared: list[dict] | None = None, foreign_prefix: str | None = None,
-            scheduler_exits: list[dict] | None = None, scheduler_restarts: list[dict] | None = None) -> Evidence:
+            scheduler_exits: list[dict] | None = None, scheduler_restarts: list[dict] | None = None,
+            deletes: list[dict] | None = None, creators: dict[str, str] | None = None) -> Evidence:
+    """``deletes`` and ``creators`` replace what the audit log would say (a cluster whose audit
+    the lab cannot read: ``observed_deletes`` and the pods' deployment labels)."""
     log, tis, history = read_db(db_url)
     scheduler_logs = sorted(log_dir.glob("scheduler-*.log"))
-    foreign = {name for name, who in pod_creators(audit).items()
-               if foreign_prefix and who.startswith(foreign_prefix)}
+    deletes = audit_deletes(audit) if deletes is None else deletes
+    creators = pod_creators(audit) if creators is None else creators
+    foreign = {name for name, who in creators.items() if foreign_prefix and who.startswith(foreign_prefix)}
     return Evidence(
         ti_log=log,
         tis=tis,
         history=history,
         pods=pod_evidence(kubelet_records, skip=foreign),
         run_calls=run_calls(log_dir / "api-server.log"),
-        deletes=scheduler_deletes(audit),
+        deletes=scheduler_deletes(deletes),
         decisions=decisions(scheduler_logs),
         wall_seconds=wall_seconds,
         faults=faults,
         gauges=gauges,
         collected_at=time.time(),
         cleared=cleared or [],
-        cross_deletes=cross_deletes(audit, foreign_prefix) if foreign_prefix else None,
+        cross_deletes=cross_deletes(deletes, creators, foreign_prefix) if foreign_prefix else None,
         executor_events=executor_events(scheduler_logs),
         watcher_lines=watcher_lines(scheduler_logs),
         scheduler_exits=scheduler_exits,

@@ -376,11 +376,14 @@ def _neighbour_pod_template(neighbour: Any, ours: dict[str, str], start_delay: f
 
 
 def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path, seed: int, quick: bool,
-            schedulers: int, say: Callable[[str], None] = print, kube: Any = None) -> dict[str, Any]:
+            schedulers: int, say: Callable[[str], None] = print, kube: Any = None,
+            image: str | None = None, worker_host: str | None = None) -> dict[str, Any]:
     """One scenario on one executor; returns the measurements (and writes the evidence).
 
     kube: the Kubernetes API to run on (a `lab.controlplane.Shared` backend: real apiserver or an
-    existing cluster); None starts a fresh emulator for this run."""
+    existing cluster); None starts a fresh emulator for this run. On an existing cluster
+    (``kube.runs_pods``) its own kubelet runs the worker pods in ``image`` (``lab/workers.py``),
+    reaching this machine's api-server at ``worker_host``; elsewhere the process kubelet does."""
     from fenced_k8s_executor.lab.kubeapi import Emulator
     from fenced_k8s_executor.lab.kubelet import LongTailDelay, ProcessKubelet
     from fenced_k8s_executor.lab.postgres import new_airflow_db
@@ -390,7 +393,18 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     width = scenario.width[0 if quick else 1]
     dag_id = f"lab_{scenario.name}"
-    dags = write_fanout(run_dir / "dags", dag_id, width, retries=scenario.retries, seconds=scenario.task_seconds,
+    namespace = f"lab-{scenario.name}"
+    cluster = None
+    if kube is not None and getattr(kube, "runs_pods", False):
+        from fenced_k8s_executor.lab import workers as cw
+
+        image = image or cw.IMAGE
+        worker_host = cw.worker_host(cw.node_addresses(kube), worker_host)
+        cluster = cw.ClusterWorkers(kube, AirflowStack.namespace_name(namespace), run_dir, image=image)
+        if scenario.capacity:
+            say(f"  capacity {scenario.capacity} is the process kubelet's model: the cluster's node decides here")
+    dags_dir = cluster.dags_folder("main") if cluster else run_dir / "dags"
+    dags = write_fanout(dags_dir, dag_id, width, retries=scenario.retries, seconds=scenario.task_seconds,
                         fail_first=scenario.fail_first).parent
     db_url = new_airflow_db(pg_server)
     ev.install_change_log(db_url)
@@ -398,36 +412,46 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     if gauges is None:
         say("  statsd is not installed: executor slot gauges are not measured")
     env = {**COMMON_ENV, **scenario.env, **(scenario.fenced_env if executor == "fenced" else {}),
-           **(gauges.env() if gauges else {})}
+           **(gauges.env() if gauges else {}), **(cw.image_env(image) if cluster else {})}
+    where = {"api_host": worker_host} if cluster else {}
     emulator = kube if kube is not None else Emulator()
     emulator.start()
     stack = kubelet = neighbour = supervisor = None
     started = time.time()
     try:
         n_sched = scenario.schedulers or schedulers
-        say(f"[{scenario.name}/{executor}] starting PostgreSQL DB, emulator, api-server, dag-processor, "
-            f"{n_sched} scheduler(s)" + (f" and a {executor} neighbour deployment" if scenario.neighbour else ""))
+        say(f"[{scenario.name}/{executor}] starting PostgreSQL DB, " + ("pod observer" if cluster else "emulator")
+            + f", api-server, dag-processor, {n_sched} scheduler(s)"
+            + (f" and a {executor} neighbour deployment" if scenario.neighbour else ""))
         stack = AirflowStack(run_dir, db_url, emulator.url, dags, executor=EXECUTORS[executor],
-                             schedulers=n_sched, namespace=f"lab-{scenario.name}", env=env, emulator=emulator)
+                             schedulers=n_sched, namespace=namespace, env=env, emulator=emulator, **where)
+        if cluster:
+            cluster.template(stack, "main")
         if scenario.neighbour:
-            n_dags = write_fanout(run_dir / "neighbour" / "dags", dag_id, scenario.neighbour[0],
-                                  seconds=scenario.neighbour[1]).parent
+            n_dags = write_fanout(cluster.dags_folder("neighbour") if cluster else run_dir / "neighbour" / "dags",
+                                  dag_id, scenario.neighbour[0], seconds=scenario.neighbour[1]).parent
             neighbour = AirflowStack(run_dir / "neighbour", new_airflow_db(pg_server), emulator.url, n_dags,
                                      executor=EXECUTORS[executor], schedulers=1, namespace=stack.namespace,
                                      env={k: v for k, v in env.items() if not k.startswith("AIRFLOW__METRICS__")},
                                      emulator=_NamedAs(emulator, NEIGHBOUR),
-                                     kube_token=lambda role: f"{NEIGHBOUR}{role}")
-            _neighbour_pod_template(neighbour, stack.worker_env(), scenario.neighbour[2])
+                                     kube_token=lambda role: f"{NEIGHBOUR}{role}", **where)
+            if cluster:
+                cluster.template(neighbour, NEIGHBOUR.rstrip("-"), start_delay=scenario.neighbour[2])
+            else:
+                _neighbour_pod_template(neighbour, stack.worker_env(), scenario.neighbour[2])
             neighbour.start()
         stack.start()
         ctx = RunContext(scenario, width, stack, emulator, dag_id, say, neighbour=neighbour, db=pg_server)
         base = LongTailDelay.parse(scenario.delay, seed=seed) if scenario.delay else None
-        kubelet = ProcessKubelet(emulator.write_kubeconfig(str(run_dir / "kube" / "kubelet.kubeconfig"),
-                                                           token="kubelet", namespace=stack.namespace),
-                                 stack.namespace, start_delay=ctx.start_delay(base),
-                                 max_running=scenario.capacity, base_env=stack.worker_env(),
-                                 workdir=run_dir / "kubelet")
-        kubelet.start()
+        if cluster:
+            kubelet = cluster.start(ctx.start_delay(base))
+        else:
+            kubelet = ProcessKubelet(emulator.write_kubeconfig(str(run_dir / "kube" / "kubelet.kubeconfig"),
+                                                               token="kubelet", namespace=stack.namespace),
+                                     stack.namespace, start_delay=ctx.start_delay(base),
+                                     max_running=scenario.capacity, base_env=stack.worker_env(),
+                                     workdir=run_dir / "kubelet")
+            kubelet.start()
         stack.wait_schedulers_heartbeat()
         stack.client().wait_dags([dag_id], timeout=180)
         if neighbour is not None:
@@ -440,17 +464,21 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
         _settle(kubelet, emulator, stack.namespace, timeout=60, say=say)  # stale pods may start late
         time.sleep(3)  # let the last events land
         exits = supervisor.stop()
+        observed = cluster.evidence(stack, neighbour, NEIGHBOUR) if cluster else {}
         evidence = ev.collect(db_url=db_url, kubelet_records=kubelet.records(), audit=emulator.audit(),
                               log_dir=stack.log_dir, wall_seconds=time.time() - ctx.t0, faults=ctx.faults,
                               gauges=gauges.snapshot() if gauges else None, cleared=ctx.cleared,
                               foreign_prefix=NEIGHBOUR if neighbour is not None else None,
                               scheduler_exits=exits,
-                              scheduler_restarts=sorted(ctx.restarts + supervisor.restarts, key=lambda r: r["ts"]))
+                              scheduler_restarts=sorted(ctx.restarts + supervisor.restarts, key=lambda r: r["ts"]),
+                              **observed)
     finally:
         if supervisor is not None:
             supervisor.stop()
         if kubelet is not None:
             kubelet.stop()
+        elif cluster is not None:
+            cluster.stop()
         for deployment in (stack, neighbour):
             if deployment is not None:
                 deployment.stop()

@@ -252,20 +252,21 @@ class AirflowStack:
     def __init__(self, run_dir: str | os.PathLike, db_url: str, kube_url: str, dags_folder: str | os.PathLike, *,
                  executor: str = STOCK_EXECUTOR, schedulers: int = 1, namespace: str = "default",
                  env: dict[str, str] | None = None, kube_token=lambda role: role,
-                 api_port: int | None = None, dag_processor: bool = True, emulator=None):
+                 api_port: int | None = None, dag_processor: bool = True, emulator=None,
+                 api_host: str = "127.0.0.1"):
         self.run_dir = Path(run_dir).resolve()
         self.home = self.run_dir / "airflow-home"
         self.log_dir = self.run_dir / "logs"
         for d in (self.home, self.log_dir, self.run_dir / "kube"):
             d.mkdir(parents=True, exist_ok=True)
-        # a DNS label, as a real apiserver demands of namespace names (scenario names have underscores)
-        self.db_url, self.kube_url, self.namespace = db_url, kube_url, namespace.replace("_", "-").lower()
+        self.db_url, self.kube_url, self.namespace = db_url, kube_url, self.namespace_name(namespace)
         self.dags_folder = str(Path(dags_folder).resolve())
         self.executor, self.n_schedulers = executor, schedulers
         self.kube_token, self.with_dag_processor = kube_token, dag_processor
         self.emulator = emulator  # optional: gets set_tokens({token: role}) for its audit log
         self.api_port = api_port or free_port()
-        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        self.api_host = api_host  # where workers reach the api-server: a real cluster's pods use the node network
+        self.api_url = f"http://{api_host}:{self.api_port}"
         self.jwt_secret = secrets.token_urlsafe(64)
         self.pod_template = self.run_dir / "kube" / "pod_template.yaml"
         self.pod_template.write_text(POD_TEMPLATE)
@@ -273,6 +274,11 @@ class AirflowStack:
         self.processes: dict[str, AirflowProcess] = {}
         self.timings: dict[str, float] = {}
         self._atexit = False
+
+    @staticmethod
+    def namespace_name(name: str) -> str:
+        """A DNS label, as a real apiserver demands of namespace names (scenario names have underscores)."""
+        return name.replace("_", "-").lower()
 
     # ---- environment ---------------------------------------------------------------------
     def _shared_env(self, extra: dict[str, str]) -> dict[str, str]:
@@ -358,7 +364,7 @@ class AirflowStack:
         if hasattr(self.emulator, "ensure_namespace"):  # a real apiserver needs the namespace to exist
             self.emulator.ensure_namespace(self.namespace)
         try:
-            self._add("api-server", "api-server", "-H", "127.0.0.1", "-p", str(self.api_port), "-w", "1")
+            self._add("api-server", "api-server", "-H", self.api_host, "-p", str(self.api_port), "-w", "1")
             if self.with_dag_processor:
                 self._add("dag-processor", "dag-processor")
             self.wait_api(timeout)

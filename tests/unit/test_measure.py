@@ -143,7 +143,7 @@ def test_gauge_listener_keeps_the_latest_executor_gauges_per_sender():
 
 
 def test_deletions_of_the_other_deployments_pods_are_read_from_the_audit():
-    from fenced_k8s_executor.lab.evidence import cross_deletes
+    from fenced_k8s_executor.lab.evidence import audit_deletes, cross_deletes, pod_creators
 
     def entry(verb, who, name, code=200):
         return {"verb": verb, "who": who, "name": name, "code": code, "resource": "pods", "ts": 1}
@@ -152,11 +152,33 @@ def test_deletions_of_the_other_deployments_pods_are_read_from_the_audit():
              entry("delete", "scheduler-1", "theirs"), entry("delete", "scheduler-0", "ours"),
              entry("delete", "neighbour-scheduler-0", "ours"), entry("delete", "kubelet", "theirs"),
              entry("delete", "scheduler-0", "theirs", 404)]
-    found = cross_deletes(audit, "neighbour-")
+    found = cross_deletes(audit_deletes(audit), pod_creators(audit), "neighbour-")
     assert [(d["who"], d["name"]) for d in found] == [("scheduler-1", "theirs"), ("neighbour-scheduler-0", "ours")]
     m = measure(evidence(cross_deletes=found))
     assert m["other_deployment_pods_deleted"] == 2 and m["own_pods_deleted_by_neighbour"] == 1
     assert measure(evidence())["other_deployment_pods_deleted"] is None
+
+
+def test_on_a_cluster_without_an_audit_deletes_are_attributed_by_the_schedulers_own_log_lines(tmp_path):
+    from fenced_k8s_executor.lab.evidence import cross_deletes, log_deleters, observed_deletes, scheduler_deletes
+
+    (tmp_path / "scheduler-0.log").write_text(
+        "[x] INFO - Deleting pod ours-a in namespace lab-x\n"
+        "[x] INFO - fenced_k8s_executor decision=pod.deleted path=sweep reason=token_superseded enforced=True "
+        "pod=lab-x/theirs-b\n"
+        "[x] INFO - fenced_k8s_executor decision=pod.kept path=sweep reason=legacy enforced=True pod=lab-x/ours-c\n")
+    (tmp_path / "n.log").write_text("[x] INFO - Deleting pod ours-d in namespace lab-x\n")
+    who = log_deleters({"scheduler-0": [tmp_path / "scheduler-0.log"], "neighbour-scheduler-0": [tmp_path / "n.log"]})
+    assert who == {"ours-a": "scheduler-0", "theirs-b": "scheduler-0", "ours-d": "neighbour-scheduler-0"}
+    seen = [{"ts": 3.0, "name": "theirs-b"}, {"ts": 1.0, "name": "ours-a"}, {"ts": 2.0, "name": "ours-d"},
+            {"ts": 4.0, "name": "ours-e"}]
+    deletes = observed_deletes(seen, who)
+    assert [(d["name"], d["who"]) for d in deletes] == [
+        ("ours-a", "scheduler-0"), ("ours-d", "neighbour-scheduler-0"), ("theirs-b", "scheduler-0"), ("ours-e", "?")]
+    assert [d["name"] for d in scheduler_deletes(deletes)] == ["ours-a", "theirs-b"]
+    creators = {"ours-a": "scheduler", "ours-d": "scheduler", "theirs-b": "neighbour-scheduler", "ours-e": "scheduler"}
+    assert [(d["who"], d["name"]) for d in cross_deletes(deletes, creators, "neighbour-")] == [
+        ("neighbour-scheduler-0", "ours-d"), ("scheduler-0", "theirs-b")]
 
 
 def test_a_running_try_the_user_cleared_is_not_a_burned_retry():
