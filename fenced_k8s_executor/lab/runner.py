@@ -349,10 +349,14 @@ def _settle(kubelet: Any, emulator: Any, namespace: str, *, timeout: float, say:
 
 
 class _NamedAs:
-    """The emulator as seen by a second deployment: its callers get a name prefix in the audit."""
+    """The Kubernetes backend as seen by a second deployment: its callers get a name prefix in
+    the audit; everything else (kubeconfigs, namespaces) is the backend's own."""
 
     def __init__(self, emulator: Any, prefix: str):
         self.emulator, self.prefix = emulator, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.emulator, name)
 
     def set_tokens(self, mapping: dict[str, str]) -> None:
         self.emulator.set_tokens({token: f"{self.prefix}{name}" for token, name in mapping.items()})
