@@ -205,6 +205,14 @@ class PodRecorder:
         if fetch and event_type != "DELETED":
             self.read_log(rec, final=facts["phase"] in ("Succeeded", "Failed"))
 
+    def _gone_since_last_watch(self, listed: set[str]) -> None:
+        """Pods deleted between two watches (no DELETED event seen): deleted when first missed."""
+        now = time.time()
+        with self._lock:
+            for uid, rec in self.records.items():
+                if uid not in listed and rec["deleted_at"] is None:
+                    rec["deleted_at"] = now
+
     def read_log(self, rec: dict, final: bool = False) -> None:
         try:
             text = self.core.read_namespaced_pod_log(rec["name"], self.namespace, container=WORKER_CONTAINER,
@@ -225,6 +233,7 @@ class PodRecorder:
                 listing = self.core.list_namespaced_pod(self.namespace, label_selector=WORKER_SELECTOR)
                 for pod in listing.items:
                     self._observe("ADDED", pod)
+                self._gone_since_last_watch({pod.metadata.uid for pod in listing.items})
                 w = watch.Watch()
                 for event in w.stream(self.core.list_namespaced_pod, self.namespace, label_selector=WORKER_SELECTOR,
                                       resource_version=listing.metadata.resource_version, timeout_seconds=20):

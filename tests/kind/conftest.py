@@ -90,6 +90,8 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.kind)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+    if not reason:  # last, with the other tests on the node (tests/conftest.py), in their order
+        items[:] = [item for item in items if item not in ours] + ours
 
 
 REPORT_COLUMNS = [
