@@ -102,8 +102,11 @@ def _scheduler_pods(installed, since: float | None = None) -> list[dict]:
     return [p for p in pods if since is None or epoch(p["metadata"]["creationTimestamp"]) >= since - 1]
 
 
-def _running(pod: dict) -> bool:
-    return pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+def _new_scheduler_running(installed, since: float, what: str) -> None:
+    def running():
+        return any(p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+                   for p in _scheduler_pods(installed, since))
+    wait(what, running, 300, interval=2)
 
 
 def test_clear_while_pending(installed, scenario):
@@ -134,8 +137,7 @@ def test_scheduler_deleted_mid_run(installed, scenario):
         deleted_at = time.time()
         cluster.run("delete", "pod", victim, "-n", ns, "--wait=false")
         sc.mark(f"deleted {victim} (job {owner}, owner of {owners[owner]} Pending pods)")
-        wait("a new scheduler pod Running", lambda: any(_running(p) for p in _scheduler_pods(installed, deleted_at)),
-             300, interval=3)
+        _new_scheduler_running(installed, deleted_at, "a new scheduler pod Running")
         sc.mark("replacement running")
         time.sleep(ADOPTION_HOLD)
     report = _finish(sc)
@@ -152,8 +154,7 @@ def test_rolling_restart(installed, scenario):
         restarted_at = time.time()
         cluster.run("rollout", "restart", "deploy/airflow-scheduler", "-n", ns)
         sc.mark("rollout restart")
-        wait("the rollout's first new scheduler pod Running",
-             lambda: any(_running(p) for p in _scheduler_pods(installed, restarted_at)), 300, interval=2)
+        _new_scheduler_running(installed, restarted_at, "the rollout's first new scheduler pod Running")
         queued = [ti["task_id"] for ti in sc.tis() if ti.get("state") == "queued"]
         assert queued, f"no queued task instance to clear during the rollout: {sc.tis()}"
         sc.clear(queued)
