@@ -385,8 +385,9 @@ class ScenarioRun:
         self.pods.stop()
         return self.schedulers.stop()
 
-    def collect(self) -> dict:
-        """Stop observing, build the evidence, measure it, write the report; the report."""
+    def collect(self, incomplete: bool = False) -> dict:
+        """Stop observing, build the evidence, measure it, write the report; the report.
+        ``incomplete``: the scenario stopped before its end (the report says so)."""
         self.mark("collect")
         scheduler_logs = self.stop()
         pods = self.pods.finish(self.run_id)
@@ -400,7 +401,7 @@ class ScenarioRun:
         metrics = measure(ev)
         report = {"scenario": self.scenario, "flavour": self.flavour, "run_id": self.run_id,
                   "run_state": self.api.run_state(self.dag_id, self.run_id), "metrics": metrics,
-                  "marks": self.marks, "ti_poll_errors": self.poller.errors}
+                  "marks": self.marks, "ti_poll_errors": self.poller.errors, "incomplete": incomplete}
         self.out_dir.mkdir(parents=True, exist_ok=True)
         lab_evidence.dump(ev, self.log_dir / "evidence.json")
         (self.out_dir / f"report-{self.scenario}-{self.flavour}.json").write_text(json.dumps(report, indent=2))

@@ -113,8 +113,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("tests/kind: stock vs fenced (out/kind/report-*.json)")
         terminalreporter.write_line(f"{'scenario':<22}{'flavour':<8}" + "".join(f"{s:>12}" for _, s in REPORT_COLUMNS))
         for r in sorted(reports, key=lambda r: (r["scenario"], r["flavour"] != "stock")):
-            terminalreporter.write_line(f"{r['scenario']:<22}{r['flavour']:<8}" + "".join(
+            name = r["scenario"] + ("*" if r.get("incomplete") else "")
+            terminalreporter.write_line(f"{name:<22}{r['flavour']:<8}" + "".join(
                 f"{r['metrics'].get(c, '-')!s:>12}" for c, _ in REPORT_COLUMNS))
+        if any(r.get("incomplete") for r in reports):
+            terminalreporter.write_line("* the test stopped before the scenario's end: what was seen until then")
     if TIMINGS:
         TIMINGS["session"] = round(time.time() - SESSION_T0, 1)
         terminalreporter.section("tests/kind: seconds per step")

@@ -58,8 +58,10 @@ def scenario(installed, core_api):
 
     yield start
     for run in runs:
-        if run.report is None:
-            run.stop()  # the test failed midway: observers off (no report)
+        if run.report is None and run.run_id:
+            run.collect(incomplete=True)  # the test failed midway: what was seen, marked as such
+        elif run.report is None:
+            run.stop()
 
 
 def _all_pending(sc: ScenarioRun, timeout: float = 300) -> int:
