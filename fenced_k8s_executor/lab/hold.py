@@ -27,15 +27,16 @@ TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 
 
 def held_nodes(cluster: Cluster) -> list[str]:
-    """The nodes the hold applies to (``node/NAME``): the labelled ones, else all."""
-    labelled = cluster.run("get", "nodes", "-l", LAB_NODE_LABEL, "-o", "name").split()
-    return labelled or cluster.run("get", "nodes", "-o", "name").split()
+    """The names of the nodes the hold applies to: the labelled ones, else all."""
+    names = "jsonpath={.items[*].metadata.name}"
+    labelled = cluster.run("get", "nodes", "-l", LAB_NODE_LABEL, "-o", names).split()
+    return labelled or cluster.run("get", "nodes", "-o", names).split()
 
 
 def hold(cluster: Cluster) -> list[str]:
     nodes = held_nodes(cluster)
     for node in nodes:
-        cluster.run("taint", "--overwrite", node, f"{TAINT_KEY}=true:NoSchedule")
+        cluster.run("taint", "nodes", node, "--overwrite", f"{TAINT_KEY}=true:NoSchedule")
     return nodes
 
 
@@ -43,14 +44,14 @@ def release(cluster: Cluster) -> list[str]:
     nodes = held_nodes(cluster)
     for node in nodes:
         if status(cluster).get(node):
-            cluster.run("taint", node, f"{TAINT_KEY}:NoSchedule-")
+            cluster.run("taint", "nodes", node, f"{TAINT_KEY}:NoSchedule-")
     return nodes
 
 
 def status(cluster: Cluster) -> dict[str, bool]:
-    """``node/NAME`` -> whether the hold taint is on it, for the nodes the hold applies to."""
+    """Node name -> whether the hold taint is on it, for the nodes the hold applies to."""
     nodes = json.loads(cluster.run("get", "nodes", "-o", "json"))["items"]
-    found = {f"node/{n['metadata']['name']}": any(t.get("key") == TAINT_KEY for t in n["spec"].get("taints") or [])
+    found = {n["metadata"]["name"]: any(t.get("key") == TAINT_KEY for t in n["spec"].get("taints") or [])
              for n in nodes}
     return {name: found.get(name, False) for name in held_nodes(cluster)}
 
