@@ -23,6 +23,7 @@ Airflow state is changed only through Airflow (the REST API) and Kubernetes (pod
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import threading
 import time
@@ -344,6 +345,7 @@ class ScenarioRun:
     def __post_init__(self) -> None:
         self.t0 = time.time()
         self.log_dir = self.out_dir / "logs" / f"{self.scenario}-{self.flavour}"
+        shutil.rmtree(self.log_dir, ignore_errors=True)  # an earlier session's logs are not this run's
         self.pods = PodRecorder(self.core_api, self.namespace, self.log_dir / "pods").start()
         self.schedulers = SchedulerLogs(self.cluster, self.namespace, self.log_dir, since=self.t0 - 1).start()
         self.poller: TiPoller | None = None
