@@ -76,7 +76,7 @@ class TiLog:
             queued = epoch(ti.get("queued_when"))
             prev = self._last.get(ti_id)
             base = {"ti_id": ti_id, "task_id": ti.get("task_id"), "try_number": ti.get("try_number")}
-            if queued is not None and (prev is None or prev["queued"] != queued):
+            if queued is not None and (prev is None or prev["queued"] != queued):  # (see without_carried_launches)
                 if prev is not None and prev["state"] == "queued":
                     # queued again without a poll seeing it leave queued (stuck-in-queued requeue)
                     self.entries.append({**base, "ts": queued - 0.001, "op": "UPDATE", "state": "scheduled"})
@@ -403,12 +403,43 @@ class ScenarioRun:
         metrics = measure(ev)
         report = {"scenario": self.scenario, "flavour": self.flavour, "run_id": self.run_id,
                   "run_state": self.api.run_state(self.dag_id, self.run_id), "metrics": metrics,
+                  "run_statuses": run_statuses(ev.run_calls),
                   "marks": self.marks, "ti_poll_errors": self.poller.errors, "incomplete": incomplete}
         self.out_dir.mkdir(parents=True, exist_ok=True)
         lab_evidence.dump(ev, self.log_dir / "evidence.json")
         (self.out_dir / f"report-{self.scenario}-{self.flavour}.json").write_text(json.dumps(report, indent=2))
         self.report = report
         return report
+
+
+def without_carried_launches(entries: list[dict]) -> list[dict]:
+    """``ti_log`` sorted, less the launches a cleared TI's new id only carries over: a clear gives
+    the TI a new id but keeps its ``queued_when``, so the new id's first listing shows the old
+    launch's time, which is no launch of its own."""
+    out, launched = [], set()
+    for e in sorted(entries, key=lambda e: e["ts"]):
+        if e["state"] == "queued" and e["op"] == "INSERT" and (e.get("task_id"), e["ts"]) in launched:
+            continue
+        if e["state"] == "queued":
+            launched.add((e.get("task_id"), e["ts"]))
+        out.append(e)
+    return out
+
+
+def run_statuses(run_calls: list[dict]) -> dict[str, int]:
+    """Every ``/run`` answer of the run by status (403: e.g. a workload token that expired while
+    its pod waited: Airflow signs it for ``[scheduler] task_queued_timeout`` seconds)."""
+    counts: dict[str, int] = {}
+    for call in run_calls:
+        counts[str(call["status"])] = counts.get(str(call["status"]), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def judge(evidence_json: Path) -> dict:
+    """``measure()`` of a scenario's saved evidence (``logs/<scenario>-<flavour>/evidence.json``)."""
+    data = json.loads(evidence_json.read_text())
+    data["ti_log"] = without_carried_launches(data["ti_log"])
+    return measure(Evidence(**data))
 
 
 def build_evidence(ti_log: TiLog, final_tis: list[dict], pod_records: list[dict], api_log: Path,
@@ -421,7 +452,7 @@ def build_evidence(ti_log: TiLog, final_tis: list[dict], pod_records: list[dict]
     events = [e for e in lab_evidence.executor_events(scheduler_logs) if e["run_id"] == run_id]
     pods = lab_evidence.pod_evidence(records)  # "created": when the watch first saw the pod
     return Evidence(
-        ti_log=sorted(ti_log.entries, key=lambda e: e["ts"]),
+        ti_log=without_carried_launches(ti_log.entries),
         tis=[{"id": str(t["id"]), "task_id": t["task_id"], "map_index": t.get("map_index"),
               "try_number": t.get("try_number"), "state": t.get("state"), "run_id": run_id} for t in final_tis],
         history=[],
@@ -435,3 +466,25 @@ def build_evidence(ti_log: TiLog, final_tis: list[dict], pod_records: list[dict]
         watcher_lines=lab_evidence.watcher_lines(scheduler_logs),
         scheduler_restarts=scheduler_restarts,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fenced_k8s_executor.lab.chart_evidence [OUT]``: judge every scenario's saved
+    evidence again (OUT, default out/kind) and rewrite the metrics of its report."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    out = Path(args[0] if args else "out/kind")
+    for report_path in sorted(out.glob("report-*.json")):
+        report = json.loads(report_path.read_text())
+        evidence_json = out / "logs" / f"{report['scenario']}-{report['flavour']}" / "evidence.json"
+        report["metrics"] = judge(evidence_json)
+        report["run_statuses"] = run_statuses(json.loads(evidence_json.read_text())["run_calls"])
+        report_path.write_text(json.dumps(report, indent=2))
+        print(report_path.name, {k: report["metrics"][k] for k in (
+            "pods_started_for_superseded_launch", "stale_task_runs", "run_404", "tries_burned_by_ha")})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -114,3 +114,17 @@ def test_pod_facts_read_the_worker_container():
     facts = pod_facts(obj, now=0.0)
     assert facts["started_at"] == epoch("2027-01-15T08:00:00Z")
     assert facts["finished_at"] - facts["started_at"] == 9 and facts["exit_code"] == 1
+
+
+def test_a_cleared_ti_s_new_id_carries_the_old_queued_when_which_is_no_launch():
+    """A clear gives the TI a new id with state None but keeps queued_when: not a launch."""
+    from fenced_k8s_executor.lab.chart_evidence import without_carried_launches
+    from fenced_k8s_executor.lab.measure import launches
+
+    log = TiLog()
+    log.feed([_ti(OLD, "queued", T0)], T0 + 1)
+    log.feed([_ti(NEW, None, T0)], T0 + 6)                # cleared: new id, old queued_when
+    log.feed([_ti(NEW, "queued", T0 + 7, 2)], T0 + 7.5)   # its own launch
+    found = launches(without_carried_launches(log.entries))
+    assert [launch.queued_at for launch in found[NEW]] == [T0 + 7]
+    assert found[OLD][0].superseded_at == T0 + 6
