@@ -61,7 +61,7 @@ def _cluster_reason(kubeconfig: str) -> str | None:
 
 def _skip_reason() -> str | None:
     if os.environ.get("KIND_TESTS") != "1":
-        return "KIND_TESTS=1 not set (HA scenarios on a real cluster, ~30 min; docs/kind.md)"
+        return "KIND_TESTS=1 not set (HA scenarios on a real cluster, ~20 min on the real node; docs/kind.md)"
     if not (CHART / "Chart.yaml").is_file():
         return f"no chart source at {CHART}"
     if os.environ.get("KUBECONFIG"):
