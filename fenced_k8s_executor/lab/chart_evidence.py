@@ -367,7 +367,7 @@ class ScenarioRun:
         now = time.time()
         self.cleared += [{"ts": now, "task_id": ti["task_id"]} for ti in done]
         self.poller.poll()
-        self.mark(f"cleared {len(done)}")
+        self.mark(f"clear {sum(1 for m in self.marks if m.startswith('clear ')) + 1}: {len(done)} TIs")
         return done
 
     def current_pods(self, phase: str) -> list[dict]:
