@@ -27,16 +27,24 @@ RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_IMAGE_TAG%%-*}" /tmp/f
 # git-sync or a shared volume. Not part of the runtime image.
 FROM runtime AS kind
 COPY --chown=airflow:0 <<'PYEOF' /opt/airflow/dags/fenced_repro.py
-"""DAG driven by tests/kind: N independent sleeping tasks, parameters from dag_run.conf."""
+"""DAG driven by tests/kind: N independent sleeping tasks, parameters from dag_run.conf.
+
+N is FENCED_REPRO_WIDTH (default 24), read when the file is parsed: it must be the same in the
+dag-processor and the worker pods, so set it for every Airflow container (the chart's `extraEnv`;
+kind-config/node/values.yaml sets 6). Each task prints LAB-TASK-RAN <pod> <try> to its pod's
+output (the worker copies task output to stdout): tests/kind reads it to tell which pods ran
+the task code, as the lab does.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
 from airflow.sdk import dag, get_current_context, task
 
-WIDTH = 24  # fixed width so every scenario sees the same task ids
+WIDTH = int(os.environ.get("FENCED_REPRO_WIDTH", "24"))
 
 
 @dag(
@@ -52,7 +60,9 @@ WIDTH = 24  # fixed width so every scenario sees the same task ids
 def fenced_repro():
     @task
     def work(i: int) -> int:
-        seconds = int(get_current_context()["params"].get("sleep_seconds", 20))
+        context = get_current_context()
+        print("LAB-TASK-RAN", os.environ.get("HOSTNAME"), context["ti"].try_number, flush=True)
+        seconds = int(context["params"].get("sleep_seconds", 20))
         time.sleep(seconds)
         return i
 

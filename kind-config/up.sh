@@ -162,6 +162,7 @@ kubectl --context "${CTX}" -n "${AIRFLOW_NAMESPACE}" get pods -o wide
 cat <<MSG
 
 api-server: http://127.0.0.1:8080   (REST API /api/v2, token from /auth/token)
-run the scenarios:
-  KIND_TESTS=1 KIND_FLAVOUR=${FLAVOUR} KUBECONFIG=\${KUBECONFIG:-\$HOME/.kube/config} pytest tests/kind -m kind -rs
+hold new worker pods Pending: kind-config/pending-pressure/taint.sh hold|release
+tests/kind installs its own releases (airflow-stock, airflow-fenced; docs/kind.md section 2):
+delete this one first (helm uninstall ${RELEASE} -n ${AIRFLOW_NAMESPACE}), both use NodePort 30007.
 MSG

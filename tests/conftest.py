@@ -28,7 +28,14 @@ when unset, ~/.cache/fenced-envtest/1.36.2) must hold executable `etcd` and `kub
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 KUBE_BACKENDS = ["emulator", "real"]
 
@@ -145,3 +152,31 @@ def real_node():
         out = Path(__file__).resolve().parents[1] / "out" / "node"
         out.mkdir(parents=True, exist_ok=True)
         (out / "timings.json").write_text(json.dumps(NODE_TIMINGS, indent=1))
+
+
+def _timed(timings: dict, name: str, fn, *args, **kwargs):
+    t0 = time.monotonic()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        timings[name] = round(time.monotonic() - t0, 1)
+
+
+@pytest.fixture(scope="session")
+def images(real_node):
+    """The project image (Dockerfile target ``kind``) and the PostgreSQL image, built here and
+    imported into the real node (tests/node and tests/kind)."""
+    tars = [_timed(real_node.timings, f"build {what}", _build_image, *args) for what, args in
+            (("project image", ["--target", "kind"]), ("postgres image", ["--postgres"]))]
+    for tar in tars:
+        real_node.load(tar)
+    return tars
+
+
+def _build_image(*args: str) -> str:
+    """``fenced-k8s-repro image ARGS``: the Dockerfile on the stand-in base; the tar's path."""
+    out = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.image", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"image build {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]

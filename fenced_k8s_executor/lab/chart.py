@@ -137,6 +137,22 @@ def pods_summary(cluster: Cluster, namespace: str) -> str:
     return "\n".join(lines)
 
 
+def diagnostics(cluster: Cluster, namespace: str) -> str:
+    """Pods, events and the last log lines of containers not ready, for a failed install or run."""
+    try:
+        parts = [pods_summary(cluster, namespace),
+                 cluster.run("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)[-6000:]]
+        for pod in cluster.get("pods", namespace)["items"]:
+            st = pod.get("status", {})
+            if st.get("phase") != "Succeeded" and not all(c.get("ready") for c in st.get("containerStatuses", [])):
+                name = pod["metadata"]["name"]
+                logs = cluster.run("logs", "-n", namespace, name, "--all-containers", "--tail=40", check=False)
+                parts.append(f"--- {name}\n{logs[-4000:]}")
+        return "\n".join(parts)
+    except Exception as exc:  # diagnostics only
+        return f"(diagnostics failed: {exc})"
+
+
 @dataclass
 class Install:
     """One Airflow release on a cluster, with timings of each step (seconds)."""
@@ -264,7 +280,26 @@ class RestApi:
         return self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
-        return self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        return self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=1000")[
+            "task_instances"]
+
+    def dag_known(self, dag_id: str) -> bool:
+        try:
+            self._call("GET", f"/api/v2/dags/{dag_id}")
+            return True
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def clear(self, dag_id: str, run_id: str, task_ids: list[str] | None = None) -> list[dict]:
+        """Clear the run's task instances (all, or ``task_ids``) as a user would; the cleared TIs."""
+        body = {"dry_run": False, "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True}
+        if task_ids is not None:
+            body["task_ids"] = task_ids
+        return self._call("POST", f"/api/v2/dags/{dag_id}/clearTaskInstances", body)["task_instances"]
+
+    def alive_scheduler_jobs(self) -> list[dict]:
+        """SchedulerJobs heartbeating now ({id, hostname, ...})."""
+        return self._call("GET", "/api/v2/jobs?job_type=SchedulerJob&is_alive=true&limit=100")["jobs"]
 
 
 def api_server_url(cluster: Cluster, namespace: str) -> str:

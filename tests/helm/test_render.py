@@ -308,3 +308,30 @@ def test_the_real_node_overlay_needs_nothing_the_node_lacks(path, render):
     config = rendered.get("ConfigMap", f"{RELEASE}-config")["data"]["airflow.cfg"]
     assert "worker_container_repository = localhost/fenced-k8s-executor" in config
     assert "statsd_on = False" in config or "statsd_on" not in config
+
+
+@pytest.mark.parametrize("path", KIND_FILES, ids=_ids(KIND_FILES))
+def test_the_overlay_lets_the_hold_taint_hold_only_worker_pods(path, render):
+    """tests/kind holds worker pods Pending with a NoSchedule taint (fenced_k8s_executor/lab/hold.py):
+    every Airflow component tolerates it, so a scheduler recreated during the hold still schedules,
+    and the worker pod template does not (the chart's global `tolerations` would reach it), nor
+    does the overlay leave the values file's `env` behind (it adds through `extraEnv`)."""
+    from fenced_k8s_executor.lab.hold import TAINT_KEY, TOLERATION
+
+    rendered = render(path, NODE_OVERLAY)
+    workloads = [d for d in rendered.docs if d["kind"] in ("Deployment", "StatefulSet", "Job")]
+    assert {d["metadata"]["name"] for d in workloads} >= {
+        f"{RELEASE}-scheduler", f"{RELEASE}-api-server", f"{RELEASE}-dag-processor", f"{RELEASE}-triggerer",
+        f"{RELEASE}-run-airflow-migrations"}
+    for doc in workloads:
+        assert TOLERATION in (doc["spec"]["template"]["spec"].get("tolerations") or []), doc["metadata"]["name"]
+    template = yaml.safe_load(rendered.get("ConfigMap", f"{RELEASE}-config")["data"]["pod_template_file.yaml"])
+    assert not any(t.get("key") == TAINT_KEY for t in template["spec"].get("tolerations") or [])
+    env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+    assert env["FENCED_REPRO_WIDTH"] == "6"
+    values_env = yaml.safe_load(path.read_text()).get("env") or []
+    for entry in values_env:
+        assert env[entry["name"]] == entry["value"]
+    db = [d for d in yaml.safe_load_all((ROOT / "kind-config" / "postgres.yaml").read_text()) if d]
+    (deploy,) = [d for d in db if d["kind"] == "Deployment"]
+    assert TOLERATION in deploy["spec"]["template"]["spec"]["tolerations"]

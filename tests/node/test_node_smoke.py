@@ -41,7 +41,7 @@ def test_the_image_holds_airflow_and_the_fenced_provider(fenced_install):
 def test_a_dag_run_succeeds_with_worker_pods_on_real_containers(fenced_install):
     cluster, ns = fenced_install.cluster, fenced_install.namespace
     api = RestApi(api_server_url(cluster, ns))
-    wait(f"the dag processor to parse {DAG}", lambda: _dag_known(api), 180, interval=5)
+    wait(f"the dag processor to parse {DAG}", lambda: api.dag_known(DAG), 180, interval=5)
     run_id = api.trigger(DAG)
     state = wait(f"{DAG} run {run_id} to finish",
                  lambda: (s := api.run_state(DAG, run_id)) in ("success", "failed") and s, 600, interval=5)
@@ -63,10 +63,3 @@ def test_a_dag_run_succeeds_with_worker_pods_on_real_containers(fenced_install):
         assert ctr["imageID"]  # pulled from the node's image store, not modelled
         assert pod["metadata"]["annotations"].get(TOKEN_ANNOTATION)  # launched through the fences
 
-
-def _dag_known(api: RestApi) -> bool:
-    try:
-        api._call("GET", f"/api/v2/dags/{DAG}")
-        return True
-    except Exception:
-        return False
