@@ -407,7 +407,7 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
         cluster = cw.ClusterWorkers(kube, AirflowStack.namespace_name(namespace), run_dir, image=image)
         if scenario.capacity:
             say(f"  capacity {scenario.capacity} is the process kubelet's model: the cluster's node decides here")
-    dags_dir = cluster.dags_folder("main") if cluster else run_dir / "dags"
+    dags_dir = cluster.dags_folder(cw.MAIN) if cluster else run_dir / "dags"
     dags = write_fanout(dags_dir, dag_id, width, retries=scenario.retries, seconds=scenario.task_seconds,
                         fail_first=scenario.fail_first).parent
     db_url = new_airflow_db(pg_server)
@@ -430,9 +430,9 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
         stack = AirflowStack(run_dir, db_url, emulator.url, dags, executor=EXECUTORS[executor],
                              schedulers=n_sched, namespace=namespace, env=env, emulator=emulator, **where)
         if cluster:
-            cluster.template(stack, "main")
+            cluster.template(stack, cw.MAIN)
         if scenario.neighbour:
-            n_dags = write_fanout(cluster.dags_folder("neighbour") if cluster else run_dir / "neighbour" / "dags",
+            n_dags = write_fanout(cluster.dags_folder(cw.NEIGHBOUR) if cluster else run_dir / "neighbour" / "dags",
                                   dag_id, scenario.neighbour[0], seconds=scenario.neighbour[1]).parent
             neighbour = AirflowStack(run_dir / "neighbour", new_airflow_db(pg_server), emulator.url, n_dags,
                                      executor=EXECUTORS[executor], schedulers=1, namespace=stack.namespace,
@@ -440,7 +440,7 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
                                      emulator=_NamedAs(emulator, NEIGHBOUR),
                                      kube_token=lambda role: f"{NEIGHBOUR}{role}", **where)
             if cluster:
-                cluster.template(neighbour, NEIGHBOUR.rstrip("-"), start_delay=scenario.neighbour[2])
+                cluster.template(neighbour, cw.NEIGHBOUR, start_delay=scenario.neighbour[2])
             else:
                 _neighbour_pod_template(neighbour, stack.worker_env(), scenario.neighbour[2])
             neighbour.start()

@@ -33,6 +33,7 @@ IMAGE = "localhost/fenced-k8s-executor:dev"
 DEPLOYMENT_LABEL = "lab.fenced-k8s-executor.io/deployment"
 #: One value per lab run: the observer sees this run's pods only, not an earlier run's still going.
 RUN_LABEL = "lab.fenced-k8s-executor.io/run"
+MAIN, NEIGHBOUR = "main", "neighbour"  # the deployment label's values
 #: Environment of the lab's host processes that means nothing (or the wrong thing) inside a pod.
 _HOST_ONLY = ("AIRFLOW__DATABASE__", "AIRFLOW__METRICS__", "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE",
               "AIRFLOW__KUBERNETES_EXECUTOR__POD_TEMPLATE_FILE", "AIRFLOW__LOGGING__BASE_LOG_FOLDER")
@@ -262,7 +263,7 @@ class ClusterWorkers:
             for path in sorted(deployment.log_dir.glob("scheduler-*.log")) if deployment is not None else ():
                 logs.setdefault(who + path.name.split(".")[0], []).append(path)
         records = self.records().values()
-        creators = {r["name"]: ("scheduler" if r["deployment"] == "main" else prefix + "scheduler") for r in records}
+        creators = {r["name"]: (prefix if r["deployment"] == NEIGHBOUR else "") + "scheduler" for r in records}
         return {"deletes": observed_deletes(self.observer.deletions(), log_deleters(logs)), "creators": creators}
 
     def records(self) -> dict[str, dict]:

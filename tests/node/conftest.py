@@ -1,5 +1,6 @@
 """The official chart installed with ``helm-values/fenced-ha.yaml`` on the real node
-(``real_node`` in tests/conftest.py: up for the session, down after it), with the project images
+(``real_node`` in tests/conftest.py: up for the session, down after it; the install for one
+module), with the project images
 built here and imported. Skipped with the reason when the node cannot run here (``NODE_TESTS=0``
 skips it too). Timings of each step are printed after the run and kept in out/node/timings.json.
 """
@@ -17,8 +18,11 @@ ROOT = HERE.parents[1]
 OUT = ROOT / "out" / "node"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def fenced_install(real_node, images):
+    """The fenced flavour in namespace ``airflow`` for this module's checks, deleted after them
+    (without waiting) so later tests of the session, such as the full real-node suite's
+    scenarios, do not share the node's two cores with an idle install."""
     from fenced_k8s_executor.lab.chart import Cluster, Install, diagnostics
 
     cluster = Cluster(real_node.kubeconfig, real_node.kubectl)
@@ -33,6 +37,5 @@ def fenced_install(real_node, images):
         real_node.timings["chart install"] = round(time.monotonic() - t0, 1)
         real_node.timings.update({f"chart install: {k}": v for k, v in install.timings.items()})
     yield install
-    if not real_node.owned:  # a cluster we did not start: leave it as we found it
-        cluster.run("delete", "namespace", "airflow", "--wait=false", check=False)
+    cluster.run("delete", "namespace", "airflow", "--wait=false", check=False)
 
