@@ -202,8 +202,11 @@ def installed(request, kind_target) -> Installed:
     yield Installed(flavour, install, api)
     hold.release(cluster)
     # Gone before the next flavour installs, so the two never share the node's cores; on a node
-    # this session started, the last one goes down with the node.
+    # this session started, the last one is deleted without waiting (it goes down with the node,
+    # and the session's later tests, such as tests/node, need not share the cores with it).
     last = flavour == FLAVOURS[-1] or only
     if not (last and kind_target.owned):
         timed(f"{flavour}: namespace deleted", cluster.run, "delete", "namespace", ns, "--wait=true", timeout=600,
               check=False)
+    else:
+        cluster.run("delete", "namespace", ns, "--wait=false", check=False)
