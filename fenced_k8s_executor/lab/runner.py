@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import signal
 import threading
 import time
@@ -394,7 +395,9 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     from fenced_k8s_executor.lab.stack import AirflowStack
 
     run_dir = out_dir / scenario.name / executor
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists():  # an earlier run's logs would be appended to and read as this run's evidence
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
     width = scenario.width[0 if quick else 1]
     dag_id = f"lab_{scenario.name}"
     namespace = f"lab-{scenario.name}"
