@@ -43,7 +43,7 @@ KUBE_BACKENDS = ["emulator", "real"]
 @pytest.fixture(scope="session")
 def pg_server():
     """One PostgreSQL server for the session, started from the cached migrated template."""
-    from fenced_k8s_executor.lab.postgres import start_from_template
+    from fenced_k8s_lab.postgres import start_from_template
 
     server = start_from_template()
     yield server
@@ -52,7 +52,7 @@ def pg_server():
 
 @pytest.fixture(scope="session")
 def emulator_session():
-    from fenced_k8s_executor.lab.kubeapi import Emulator
+    from fenced_k8s_lab.kubeapi import Emulator
 
     emu = Emulator()
     emu.start()
@@ -71,7 +71,7 @@ def emulator(emulator_session):
 @pytest.fixture(scope="session")
 def envtest_session():
     """A real kube-apiserver v1.36.2 + etcd for the session (skips when the assets are absent)."""
-    from fenced_k8s_executor.lab.controlplane import ControlPlane, find_assets
+    from fenced_k8s_lab.controlplane import ControlPlane, find_assets
 
     assets, why = find_assets()
     if assets is None:
@@ -135,7 +135,7 @@ def real_node():
     import time
     from pathlib import Path
 
-    from fenced_k8s_executor.lab import node as node_mod
+    from fenced_k8s_lab import node as node_mod
 
     why = "NODE_TESTS=0" if os.environ.get("NODE_TESTS") == "0" else node_mod.skip_reason()
     if why:
@@ -175,7 +175,7 @@ def images(real_node):
 
 def _build_image(*args: str) -> str:
     """``fenced-k8s-repro image ARGS``: the Dockerfile on the stand-in base; the tar's path."""
-    out = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.image", *args], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "fenced_k8s_lab.image", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"image build {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")

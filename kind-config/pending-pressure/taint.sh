@@ -10,9 +10,9 @@
 # is labelled (a single-node cluster such as ../shared/node). NoSchedule never evicts running pods;
 # the Airflow components and the database tolerate the taint (kind-config/node/values.yaml,
 # kind-config/postgres.yaml), so only worker pods are held, and a component pod recreated during
-# the hold still schedules. The logic is fenced_k8s_executor/lab/hold.py (what tests/kind uses).
+# the hold still schedules. The logic is lab/fenced_k8s_lab/hold.py (what tests/kind uses).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 command -v kubectl >/dev/null 2>&1 || { echo "taint.sh: kubectl not on PATH (https://kubernetes.io/docs/tasks/tools/)" >&2; exit 2; }
-PYTHONPATH="${ROOT}${PYTHONPATH:+:${PYTHONPATH}}" exec "${PYTHON:-python3}" -m fenced_k8s_executor.lab.hold "$@"
+PYTHONPATH="${ROOT}${PYTHONPATH:+:${PYTHONPATH}}" exec "${PYTHON:-python3}" -m fenced_k8s_lab.hold "$@"

@@ -26,7 +26,7 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from fenced_k8s_executor.lab.kubeapi import Emulator
+from fenced_k8s_lab.kubeapi import Emulator
 
 KUBECONFIG = os.environ.get("CONFORMANCE_KUBECONFIG")
 TARGETS = ["external"] if KUBECONFIG else ["emulator", "real"]

@@ -20,7 +20,7 @@ def test_backend_kubeconfig_audit_reset(kube, tmp_path):
 
 
 def test_missing_assets_give_the_reason(tmp_path, monkeypatch):
-    from fenced_k8s_executor.lab.controlplane import ControlPlane, find_assets
+    from fenced_k8s_lab.controlplane import ControlPlane, find_assets
 
     (tmp_path / "etcd").write_text("#!/bin/sh\n")
     (tmp_path / "etcd").chmod(0o755)

@@ -11,7 +11,7 @@ import time
 import pytest
 import urllib3
 
-from fenced_k8s_executor.lab.kubeapi import Emulator, EmulatorControl
+from fenced_k8s_lab.kubeapi import Emulator, EmulatorControl
 
 
 def test_audit_records_caller_verb_and_created_metadata(v1, ns, make_pod, emu):
@@ -108,7 +108,7 @@ def test_reset_clears_everything(emu):
 
 def test_subprocess_mode_and_http_controls(emu, tmp_path):
     kc = tmp_path / "kc"
-    proc = subprocess.Popen([sys.executable, "-m", "fenced_k8s_executor.lab.kubeapi", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "fenced_k8s_lab.kubeapi", "--port", "0",
                              "--tokens", '{"t1": "sched-1"}', "--kubeconfig", str(kc), "--token", "t1"],
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -137,6 +137,6 @@ def test_subprocess_mode_and_http_controls(emu, tmp_path):
 def test_refuses_non_loopback_host(emu):
     with pytest.raises(ValueError):
         Emulator(host="0.0.0.0")
-    result = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.kubeapi", "--host", "0.0.0.0"],
+    result = subprocess.run([sys.executable, "-m", "fenced_k8s_lab.kubeapi", "--host", "0.0.0.0"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "non-loopback" in result.stderr

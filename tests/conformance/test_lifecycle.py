@@ -31,7 +31,7 @@ def ground(request, tmp_path_factory):
     """(CoreV1Api, kubeconfig path, name); the process kubelet runs per test namespace."""
     tmp = tmp_path_factory.mktemp(f"lifecycle-{request.param}")
     if request.param == "emulator":
-        from fenced_k8s_executor.lab.kubeapi import Emulator
+        from fenced_k8s_lab.kubeapi import Emulator
 
         emu = Emulator()
         emu.start()
@@ -54,7 +54,7 @@ def lab(ground, tmp_path):
     v1.create_namespace({"metadata": {"name": ns}})
     kubelet = None
     if name != "node":
-        from fenced_k8s_executor.lab.kubelet import ProcessKubelet
+        from fenced_k8s_lab.kubelet import ProcessKubelet
 
         kubelet = ProcessKubelet(path, ns, workdir=tmp_path / "kubelet", delay_stage="pulling",
                                  images={BUSYBOX}).start()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fenced_k8s_executor.lab.kubeapi import Emulator
+from fenced_k8s_lab.kubeapi import Emulator
 
 
 def test_watch_from_empty_or_zero_rv_lists_existing_as_added(v1, ns, make_pod, collectors):

@@ -312,11 +312,11 @@ def test_the_real_node_overlay_needs_nothing_the_node_lacks(path, render):
 
 @pytest.mark.parametrize("path", KIND_FILES, ids=_ids(KIND_FILES))
 def test_the_overlay_lets_the_hold_taint_hold_only_worker_pods(path, render):
-    """tests/kind holds worker pods Pending with a NoSchedule taint (fenced_k8s_executor/lab/hold.py):
+    """tests/kind holds worker pods Pending with a NoSchedule taint (lab/fenced_k8s_lab/hold.py):
     every Airflow component tolerates it, so a scheduler recreated during the hold still schedules,
     and the worker pod template does not (the chart's global `tolerations` would reach it), nor
     does the overlay leave the values file's `env` behind (it adds through `extraEnv`)."""
-    from fenced_k8s_executor.lab.hold import TAINT_KEY, TOLERATION
+    from fenced_k8s_lab.hold import TAINT_KEY, TOLERATION
 
     rendered = render(path, NODE_OVERLAY)
     workloads = [d for d in rendered.docs if d["kind"] in ("Deployment", "StatefulSet", "Job")]

@@ -1,4 +1,4 @@
-"""Builds the images once per session with fenced_k8s_executor.lab.image (the stand-in base is
+"""Builds the images once per session with fenced_k8s_lab.image (the stand-in base is
 cached, so only the first run on a machine pays for debootstrap and the Airflow install), unpacks
 each tar's layer into a temporary rootfs, and runs commands in it the way a container runtime would:
 the image's entrypoint, env, working dir and user, via chroot in a private mount namespace.
@@ -48,7 +48,7 @@ class Image:
         return env
 
     def jail(self, user: str | None = None, env: dict | None = None):
-        from fenced_k8s_executor.lab.image.chroot import Jail, user_ids
+        from fenced_k8s_lab.image.chroot import Jail, user_ids
 
         uid, gid, home = user_ids(self.root, user if user is not None else (self.config.get("User") or "0"))
         full = {"HOME": home, "HOSTNAME": "image-test", **self.env, **(env or {})}
@@ -89,7 +89,7 @@ def image_env():
             subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], capture_output=True)
         if not shutil.which("debootstrap"):
             pytest.skip("debootstrap is missing and `apt-get install debootstrap` did not provide it")
-    from fenced_k8s_executor.lab.image.build import node_tool, repo_root
+    from fenced_k8s_lab.image.build import node_tool, repo_root
 
     repo = repo_root()
     tool = node_tool(repo, "mkimage.py", "FENCED_MKIMAGE")
@@ -105,8 +105,8 @@ def image_tmp(tmp_path_factory, image_env):
     base.mkdir(parents=True, exist_ok=True)
     import tempfile
 
-    from fenced_k8s_executor.lab.image.base import cache_dir
-    from fenced_k8s_executor.lab.image.chroot import rmtree
+    from fenced_k8s_lab.image.base import cache_dir
+    from fenced_k8s_lab.image.chroot import rmtree
 
     d = Path(tempfile.mkdtemp(prefix=".test-", dir=base))
     watched = [d, cache_dir()] if cache_dir().exists() else [d]
@@ -118,7 +118,7 @@ def image_tmp(tmp_path_factory, image_env):
 
 
 def _build(image_tmp: Path, name: str, args: list[str]) -> Image:
-    from fenced_k8s_executor.lab.image import main
+    from fenced_k8s_lab.image import main
 
     out = image_tmp / name
     assert main(["--out", str(out), *args]) == 0

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fenced_k8s_executor.lab.image.build import Builder
-from fenced_k8s_executor.lab.image.chroot import Timer
-from fenced_k8s_executor.lab.image.dockerfile import DockerIgnore, Unsupported, copy_context, expand, parse
+from fenced_k8s_lab.image.build import Builder
+from fenced_k8s_lab.image.chroot import Timer
+from fenced_k8s_lab.image.dockerfile import DockerIgnore, Unsupported, copy_context, expand, parse
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def test_expand():
                                          "CMD x", "RUN [\"x\"]", "RUN --mount=type=cache,target=/x true",
                                          "COPY --from=runtime /a /b", "COPY --chmod=755 a /b"])
 def test_anything_else_fails_loudly(tmp_path, instruction):
-    from fenced_k8s_executor.lab.image.build import Stage
+    from fenced_k8s_lab.image.build import Stage
 
     b = Builder(tmp_path, tmp_path, bases=None, timer=Timer(lambda m: None), build_args={})
     st = Stage("s", tmp_path, {}, "root", "/", [], [])
@@ -78,11 +78,11 @@ def test_only_arg_before_from_and_known_bases(tmp_path):
 def test_dockerignore_matches_like_docker():
     ig = DockerIgnore((REPO / ".dockerignore").read_text())
     for path in (".git/config", ".venv/bin/python", "fenced_k8s_executor/__pycache__/x.pyc",
-                 "fenced_k8s_executor/lab/x.pyc", "fenced_k8s_executor.egg-info/PKG-INFO", "out/image/a.tar",
+                 "lab/fenced_k8s_lab/x.pyc", "fenced_k8s_executor.egg-info/PKG-INFO", "out/image/a.tar",
                  "tests/unit/test_x.py", "docs/index.md", "Dockerfile", ".dockerignore", ".lab-cache/x"):
         assert ig.excluded(path), path
     for path in ("pyproject.toml", "README.md", "fenced_k8s_executor/executor.py",
-                 "fenced_k8s_executor/lab/image/build.py", "fenced_k8s_executor/tests/x.py"):
+                 "lab/fenced_k8s_lab/image/build.py", "fenced_k8s_executor/tests/x.py"):
         assert not ig.excluded(path), path
     neg = DockerIgnore("*.md\n!README.md\ndocs/**/*.png\n")
     assert neg.excluded("NOTES.md") and not neg.excluded("README.md") and not neg.excluded("sub/NOTES.md")

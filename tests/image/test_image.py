@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from fenced_k8s_executor.lab.image.base import VENV  # the airflow user's ~/.local
+from fenced_k8s_lab.image.base import VENV  # the airflow user's ~/.local
 
 pytestmark = pytest.mark.image
 

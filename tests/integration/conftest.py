@@ -2,7 +2,7 @@
 (the emulator, or a real kube-apiserver: ``kube_backend``), the real kubernetes client and real
 executors (stock or fenced) with their watcher processes.
 
-Every metadata change goes through airflow-core's own code (``fenced_k8s_executor.lab.core``):
+Every metadata change goes through airflow-core's own code (``fenced_k8s_lab.core``):
 DAG files parsed and serialized like the dag-processor does, runs from the serialized DAG,
 scheduling, queueing (which pre-assigns the launch token), stuck-in-queued, orphan adoption,
 executor events and clears by the scheduler's own functions, the worker's calls through the
@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from fenced_k8s_executor.lab.core import Airflow, Row, Scheduler, our_deployment
-from fenced_k8s_executor.lab.stack import POD_TEMPLATE, STOCK_EXECUTOR
+from fenced_k8s_lab.core import Airflow, Row, Scheduler, our_deployment
+from fenced_k8s_lab.stack import POD_TEMPLATE, STOCK_EXECUTOR
 from fenced_k8s_executor.names import EXECUTOR_CLASS_PATH
 
 JWT_SECRET = "integration-jwt-secret-" + "x" * 48
@@ -31,7 +31,7 @@ KINDS = ["stock", "fenced"]
 @pytest.fixture(scope="session")
 def metadata_db(pg_server, tmp_path_factory):
     """One migrated metadata DB for the session, with this process's Airflow ORM pointed at it."""
-    from fenced_k8s_executor.lab.postgres import airflow_db_env, new_airflow_db
+    from fenced_k8s_lab.postgres import airflow_db_env, new_airflow_db
 
     url = new_airflow_db(pg_server)
     os.environ.update(airflow_db_env(url))

@@ -25,8 +25,8 @@ def main() -> None:
 
     settings.configure_vars()
     settings.reconfigure_orm()
-    from fenced_k8s_executor.lab.core import Scheduler
-    from fenced_k8s_executor.lab.stack import STOCK_EXECUTOR
+    from fenced_k8s_lab.core import Scheduler
+    from fenced_k8s_lab.stack import STOCK_EXECUTOR
     from fenced_k8s_executor.names import EXECUTOR_CLASS_PATH
 
     module, _, name = (STOCK_EXECUTOR if kind == "stock" else EXECUTOR_CLASS_PATH).rpartition(".")

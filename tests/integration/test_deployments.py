@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from fenced_k8s_executor.lab.stack import POD_TEMPLATE
+from fenced_k8s_lab.stack import POD_TEMPLATE
 
 KINDS = ["stock", "fenced"]
 
@@ -26,7 +26,7 @@ FOREIGN_SCHEDULER = r"""
 import json, os, sys
 from pathlib import Path
 from fenced_k8s_executor import FencedKubernetesExecutor
-from fenced_k8s_executor.lab.core import Airflow, Scheduler
+from fenced_k8s_lab.core import Airflow, Scheduler
 
 airflow = Airflow(Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]))
 airflow.add_dag("other_deployment", ["t1"])
@@ -51,7 +51,7 @@ finally:
 @pytest.fixture(scope="module")
 def foreign_pod(kube_backend, pg_server, metadata_db, tmp_path_factory):
     """The pod a fenced scheduler of ANOTHER deployment created (read back as a manifest)."""
-    from fenced_k8s_executor.lab.postgres import airflow_db_env, new_airflow_db
+    from fenced_k8s_lab.postgres import airflow_db_env, new_airflow_db
 
     home = tmp_path_factory.mktemp("other_deployment")
     namespace = f"other-{uuid.uuid4().hex[:6]}"

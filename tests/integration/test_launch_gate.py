@@ -64,7 +64,7 @@ def _generator():
 def _airflow_env(url: str, home: Path, port: int, *, run_gate: bool = True) -> dict:
     from cryptography.fernet import Fernet
 
-    from fenced_k8s_executor.lab.postgres import airflow_db_env
+    from fenced_k8s_lab.postgres import airflow_db_env
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     (home / "dags").mkdir(parents=True, exist_ok=True)
@@ -90,7 +90,7 @@ def stack(metadata_db, tmp_path_factory):
     """An api-server with the run gate on the session's metadata DB."""
     import httpx
 
-    from fenced_k8s_executor.lab import postgres as labpg
+    from fenced_k8s_lab import postgres as labpg
 
     url = metadata_db.url.render_as_string(hide_password=False)
     proc = None

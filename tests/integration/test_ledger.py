@@ -101,7 +101,7 @@ def test_the_loop_read_with_peers_returns_only_what_may_be_stale_and_who_is_runn
     from airflow.utils import timezone
 
     from fenced_k8s_executor import ledger
-    from fenced_k8s_executor.lab.core import Scheduler
+    from fenced_k8s_lab.core import Scheduler
 
     queuer = world.scheduler("fenced", start=False)
     world.queue(queuer, trigger=False)  # the critical section pre-assigns the tokens

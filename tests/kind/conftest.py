@@ -11,7 +11,7 @@ Everything here is skipped at collection, with the reason, unless ``KIND_TESTS=1
 
 Per flavour (stock, then fenced; ``KIND_FLAVOUR`` runs one), the official chart is installed
 with ``helm-values/<flavour>-ha.yaml`` + ``kind-config/node/values.yaml`` into the namespace
-``airflow-<flavour>`` (``fenced_k8s_executor/lab/chart.py``), the flavour's tests run, and the
+``airflow-<flavour>`` (``lab/fenced_k8s_lab/chart.py``), the flavour's tests run, and the
 namespace is deleted. ``KIND_AIRFLOW_URL`` overrides the api-server address (default: its
 ClusterIP Service, reachable from the node's host; on kind use the NodePort mapping,
 http://127.0.0.1:8080). Each scenario writes out/kind/report-<scenario>-<flavour>.json; the
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from fenced_k8s_executor.lab.chart import CHART, POSTGRES_IMAGE, Cluster, Install, RestApi, api_server_url, diagnostics
+from fenced_k8s_lab.chart import CHART, POSTGRES_IMAGE, Cluster, Install, RestApi, api_server_url, diagnostics
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -66,7 +66,7 @@ def _skip_reason() -> str | None:
         return f"no chart source at {CHART}"
     if os.environ.get("KUBECONFIG"):
         return _cluster_reason(os.environ["KUBECONFIG"])
-    from fenced_k8s_executor.lab import node as node_mod
+    from fenced_k8s_lab import node as node_mod
 
     why = "NODE_TESTS=0" if os.environ.get("NODE_TESTS") == "0" else node_mod.skip_reason()
     return f"no KUBECONFIG, and no real node here: {why}" if why else None
@@ -178,8 +178,8 @@ class Installed:
 @pytest.fixture(scope="session", params=FLAVOURS)
 def installed(request, kind_target) -> Installed:
     """One flavour installed in its own namespace for its tests, then deleted (stock first)."""
-    from fenced_k8s_executor.lab import hold
-    from fenced_k8s_executor.lab.chart import wait
+    from fenced_k8s_lab import hold
+    from fenced_k8s_lab.chart import wait
 
     flavour = request.param
     only = os.environ.get("KIND_FLAVOUR")

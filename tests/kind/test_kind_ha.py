@@ -2,7 +2,7 @@
 FencedKubernetesExecutor (conftest.py: which cluster, how each flavour is installed).
 
 Worker pods are held Pending by a real scheduling constraint: a NoSchedule taint on the nodes
-(``fenced_k8s_executor/lab/hold.py``) that the worker pods do not tolerate and the Airflow
+(``lab/fenced_k8s_lab/hold.py``) that the worker pods do not tolerate and the Airflow
 components do; lifting it lets the kube-scheduler bind the Pending pods. While pods are held:
 
 * ``clear_while_pending``: the run's task instances are cleared through the REST API, twice,
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from fenced_k8s_executor.lab import hold
-from fenced_k8s_executor.lab.chart import InstallError, wait
-from fenced_k8s_executor.lab.chart_evidence import ScenarioRun, epoch
+from fenced_k8s_lab import hold
+from fenced_k8s_lab.chart import InstallError, wait
+from fenced_k8s_lab.chart_evidence import ScenarioRun, epoch
 
 OUT = Path(__file__).resolve().parents[2] / "out" / "kind"
 DAG_ID = "fenced_repro"

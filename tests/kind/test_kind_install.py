@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from fenced_k8s_executor.lab import hold
+from fenced_k8s_lab import hold
 from fenced_k8s_executor.names import CONFIG_SECTION, EXECUTOR_CLASS_PATH
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ SMOKE_DAG = textwrap.dedent('''
 @pytest.fixture(scope="session")
 def airflow_db_factory(pg_server):
     """Call it to get the SQLAlchemy URL of a fresh, already migrated Airflow database."""
-    from fenced_k8s_executor.lab.postgres import new_airflow_db
+    from fenced_k8s_lab.postgres import new_airflow_db
 
     return lambda name=None: new_airflow_db(pg_server, name)
 
@@ -54,7 +54,7 @@ def kubeconfig_factory(emulator, tmp_path):
 @pytest.fixture
 def kubelet_factory(emulator, kubeconfig_factory, tmp_path):
     """kubelet_factory(**ProcessKubelet kwargs) -> a started kubelet (stopped at teardown)."""
-    from fenced_k8s_executor.lab.kubelet import ProcessKubelet
+    from fenced_k8s_lab.kubelet import ProcessKubelet
 
     made = []
 
@@ -94,7 +94,7 @@ def lab_dags(tmp_path) -> Path:
 @pytest.fixture
 def airflow_stack_factory(airflow_db_factory, emulator, tmp_path):
     """airflow_stack_factory(dags_folder, **AirflowStack kwargs) -> started stack (stopped at teardown)."""
-    from fenced_k8s_executor.lab.stack import AirflowStack
+    from fenced_k8s_lab.stack import AirflowStack
 
     made = []
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fenced_k8s_executor.lab.bench.env import pinned_apart
+from fenced_k8s_lab.bench.env import pinned_apart
 
 THREADED = ("import threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start();"
             " time.sleep(60)")

@@ -23,7 +23,7 @@ KEYS = ("queue_time_ratio", "precreate_round_trips_per_batch", "precreate_wall_r
 
 def test_bench_smoke_writes_all_figures(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.Popen([sys.executable, "-m", "fenced_k8s_executor.lab.bench", "--smoke", "--backend", "emulator",
+    proc = subprocess.Popen([sys.executable, "-m", "fenced_k8s_lab.bench", "--smoke", "--backend", "emulator",
                              "--json", str(out), "--workdir", str(tmp_path / "work")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

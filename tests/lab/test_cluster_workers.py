@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fenced_k8s_executor.lab import workers as cw
+from fenced_k8s_lab import workers as cw
 
 pytestmark = pytest.mark.lab
 
@@ -66,7 +66,7 @@ def _until(what, predicate, timeout=20.0):
 
 
 def test_the_observer_records_each_pods_life_and_opens_its_gate(emulator, tmp_path):
-    from fenced_k8s_executor.lab.controlplane import ExternalCluster
+    from fenced_k8s_lab.controlplane import ExternalCluster
 
     emulator.set_tokens({"lab-test": "lab-test"})
     cluster = ExternalCluster(emulator.write_kubeconfig(str(tmp_path / "kubeconfig"), token="lab-test",

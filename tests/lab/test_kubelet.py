@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fenced_k8s_executor.lab.kubelet import START_DELAY_ANNOTATION, LongTailDelay, read_records
+from fenced_k8s_lab.kubelet import START_DELAY_ANNOTATION, LongTailDelay, read_records
 
 pytestmark = pytest.mark.integration
 

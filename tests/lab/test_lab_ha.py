@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.lab,
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from fenced_k8s_executor.lab.cli import run
+    from fenced_k8s_lab.cli import run
 
     out = tmp_path_factory.mktemp("lab-ha")
     args = argparse.Namespace(executor="both", scenario="zombie_backlog,failover_noretry,watch_gap,api_faults",

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture(scope="module")
 def assets():
-    from fenced_k8s_executor.lab.controlplane import find_assets
+    from fenced_k8s_lab.controlplane import find_assets
 
     found, why = find_assets()
     if found is None:
@@ -24,15 +24,15 @@ def assets():
 
 
 def test_needs_faults_sorts_the_scenarios():
-    from fenced_k8s_executor.lab.cli import needs_faults
-    from fenced_k8s_executor.lab.scenarios import SCENARIOS
+    from fenced_k8s_lab.cli import needs_faults
+    from fenced_k8s_lab.scenarios import SCENARIOS
 
     assert needs_faults(SCENARIOS["pending_storm"].drive) and needs_faults(SCENARIOS["watch_gap"].drive)
     assert not needs_faults(SCENARIOS["clear_churn"].drive)
 
 
 def test_fenced_clear_churn_on_the_real_apiserver(assets, tmp_path):
-    from fenced_k8s_executor.lab.cli import run
+    from fenced_k8s_lab.cli import run
 
     lines: list[str] = []
     args = argparse.Namespace(executor="fenced", scenario="pending_storm,clear_churn", schedulers=1, seed=7,

@@ -25,7 +25,7 @@ SCENARIOS = ("rolling_restart", "db_outage")
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from fenced_k8s_executor.lab.cli import run
+    from fenced_k8s_lab.cli import run
 
     out = tmp_path_factory.mktemp("lab-restarts")
     args = argparse.Namespace(executor="both", scenario=",".join(SCENARIOS), schedulers=2, seed=7, quick=True,

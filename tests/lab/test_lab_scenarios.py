@@ -25,9 +25,9 @@ def retry_storm(tmp_path_factory):
     pytest.importorskip("statsd", reason="statsd (the lab extra) reports the executor slot gauges")
     from dataclasses import replace
 
-    from fenced_k8s_executor.lab.postgres import start_from_template
-    from fenced_k8s_executor.lab.runner import run_one
-    from fenced_k8s_executor.lab.scenarios import SCENARIOS
+    from fenced_k8s_lab.postgres import start_from_template
+    from fenced_k8s_lab.runner import run_one
+    from fenced_k8s_lab.scenarios import SCENARIOS
 
     # 6 first-try failures against 2 schedulers x parallelism 2 = 4 slots.
     tiny = replace(SCENARIOS["retry_storm"], width=(6, 6), env={"AIRFLOW__CORE__PARALLELISM": "2"}, timeout=150)
@@ -48,7 +48,7 @@ def test_fenced_retry_storm_completes_without_leaking_executor_slots(retry_storm
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from fenced_k8s_executor.lab.cli import run
+    from fenced_k8s_lab.cli import run
 
     out = tmp_path_factory.mktemp("lab")
     args = argparse.Namespace(executor="both", scenario="pending_storm,clear_churn", schedulers=2, seed=7,

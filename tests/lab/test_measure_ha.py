@@ -4,10 +4,10 @@ and API audit parsers behind them."""
 
 from __future__ import annotations
 
-from fenced_k8s_executor.lab import evidence as ev
-from fenced_k8s_executor.lab.measure import (Evidence, events_applied, measure, scheduler_crashes,
+from fenced_k8s_lab import evidence as ev
+from fenced_k8s_lab.measure import (Evidence, events_applied, measure, scheduler_crashes,
                                              watcher_crashes)
-from fenced_k8s_executor.lab.report import ROWS, table
+from fenced_k8s_lab.report import ROWS, table
 
 A = "00000000-0000-0000-0000-00000000000a"
 
@@ -140,7 +140,7 @@ class _Proc:
 
 
 def test_crash_supervisor_restarts_a_crashed_scheduler_and_leaves_a_killed_one_dead(monkeypatch):
-    from fenced_k8s_executor.lab import runner
+    from fenced_k8s_lab import runner
 
     procs = [_Proc("scheduler-0"), _Proc("scheduler-1")]
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from fenced_k8s_executor.lab.kubelet import read_records
-from fenced_k8s_executor.lab.stack import STOCK_EXECUTOR
+from fenced_k8s_lab.kubelet import read_records
+from fenced_k8s_lab.stack import STOCK_EXECUTOR
 
 pytestmark = pytest.mark.lab
 

@@ -23,7 +23,7 @@ def fenced_install(real_node, images):
     """The fenced flavour in namespace ``airflow`` for this module's checks, deleted after them
     (without waiting) so later tests of the session, such as the full real-node suite's
     scenarios, do not share the node's two cores with an idle install."""
-    from fenced_k8s_executor.lab.chart import Cluster, Install, diagnostics
+    from fenced_k8s_lab.chart import Cluster, Install, diagnostics
 
     cluster = Cluster(real_node.kubeconfig, real_node.kubectl)
     install = Install(cluster, "fenced", namespace="airflow", values_dir=OUT)

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("KIND_TESTS") != "1",
 
 @pytest.fixture(scope="module")
 def lab_results(real_node, images):
-    from fenced_k8s_executor.lab.cli import run
+    from fenced_k8s_lab.cli import run
 
     lines: list[str] = []
     args = argparse.Namespace(executor="both", scenario=",".join(SCENARIOS), schedulers=2, seed=7, quick=True,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fenced_k8s_executor.lab.chart import RestApi, api_server_url, wait
+from fenced_k8s_lab.chart import RestApi, api_server_url, wait
 from fenced_k8s_executor.names import TOKEN_ANNOTATION
 
 DAG = "fenced_smoke"  # baked into the image by the Dockerfile's kind stage

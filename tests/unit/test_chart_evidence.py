@@ -1,4 +1,4 @@
-"""tests/kind's evidence (fenced_k8s_executor/lab/chart_evidence.py) judged by the lab's measure():
+"""tests/kind's evidence (lab/fenced_k8s_lab/chart_evidence.py) judged by the lab's measure():
 REST listings of a run's task instances become launches, watched pods and logs become pods, /run
 answers and deletions, and the symptom counts come out as the lab counts them."""
 
@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("sqlalchemy")
 
-from fenced_k8s_executor.lab.chart_evidence import TiLog, build_evidence, epoch, pod_facts  # noqa: E402
-from fenced_k8s_executor.lab.measure import measure  # noqa: E402
+from fenced_k8s_lab.chart_evidence import TiLog, build_evidence, epoch, pod_facts  # noqa: E402
+from fenced_k8s_lab.measure import measure  # noqa: E402
 
 OLD = "0190d2a0-0000-7000-8000-000000000001"
 NEW = "0190d2a0-0000-7000-8000-000000000002"
@@ -75,7 +75,7 @@ def test_requeue_without_leaving_queued_is_a_new_launch():
     log = TiLog()
     log.feed([_ti(OLD, "queued", T0)], T0 + 1)
     log.feed([_ti(OLD, "queued", T0 + 70)], T0 + 71)  # stuck-in-queued: queued again, same id
-    from fenced_k8s_executor.lab.measure import launches
+    from fenced_k8s_lab.measure import launches
 
     assert [launch.queued_at for launch in launches(log.entries)[OLD]] == [T0, T0 + 70]
 
@@ -118,8 +118,8 @@ def test_pod_facts_read_the_worker_container():
 
 def test_a_cleared_ti_s_new_id_carries_the_old_queued_when_which_is_no_launch():
     """A clear gives the TI a new id with state None but keeps queued_when: not a launch."""
-    from fenced_k8s_executor.lab.chart_evidence import without_carried_launches
-    from fenced_k8s_executor.lab.measure import launches
+    from fenced_k8s_lab.chart_evidence import without_carried_launches
+    from fenced_k8s_lab.measure import launches
 
     log = TiLog()
     log.feed([_ti(OLD, "queued", T0)], T0 + 1)

@@ -3,7 +3,7 @@ burned retries and false-positive deletions."""
 
 from __future__ import annotations
 
-from fenced_k8s_executor.lab.measure import Evidence, launches, measure, stale_exit_reason
+from fenced_k8s_lab.measure import Evidence, launches, measure, stale_exit_reason
 
 A, B = "00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000b"
 
@@ -126,7 +126,7 @@ def test_slots_leaked_come_from_the_live_schedulers_gauges():
 
 
 def test_gauge_listener_keeps_the_latest_executor_gauges_per_sender():
-    from fenced_k8s_executor.lab.evidence import GaugeListener
+    from fenced_k8s_lab.evidence import GaugeListener
 
     listener = GaugeListener()
     try:
@@ -143,7 +143,7 @@ def test_gauge_listener_keeps_the_latest_executor_gauges_per_sender():
 
 
 def test_deletions_of_the_other_deployments_pods_are_read_from_the_audit():
-    from fenced_k8s_executor.lab.evidence import audit_deletes, cross_deletes, pod_creators
+    from fenced_k8s_lab.evidence import audit_deletes, cross_deletes, pod_creators
 
     def entry(verb, who, name, code=200):
         return {"verb": verb, "who": who, "name": name, "code": code, "resource": "pods", "ts": 1}
@@ -160,7 +160,7 @@ def test_deletions_of_the_other_deployments_pods_are_read_from_the_audit():
 
 
 def test_on_a_cluster_without_an_audit_deletes_are_attributed_by_the_schedulers_own_log_lines(tmp_path):
-    from fenced_k8s_executor.lab.evidence import cross_deletes, log_deleters, observed_deletes, scheduler_deletes
+    from fenced_k8s_lab.evidence import cross_deletes, log_deleters, observed_deletes, scheduler_deletes
 
     (tmp_path / "scheduler-0.log").write_text(
         "[x] INFO - Deleting pod ours-a in namespace lab-x\n"

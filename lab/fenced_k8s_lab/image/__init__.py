@@ -4,7 +4,7 @@
     fenced-k8s-repro image --target runtime      # runtime stage -> out/image/fenced-k8s-executor-runtime.tar
     fenced-k8s-repro image --postgres            # -> out/image/postgres-15.tar (localhost/fenced/postgres:15)
     fenced-k8s-repro image --with-postgres       # both: the kind image, then the PostgreSQL image
-    python -m fenced_k8s_executor.lab.image ...  # the same
+    python -m fenced_k8s_lab.image ...  # the same
     ... --load                                   # then ../shared/node/load-image.sh on the tar
 
 Needs root, `debootstrap` and `tar` on a Debian host, HTTP access to the Debian mirror of the host's
@@ -68,6 +68,6 @@ With Docker (the real thing, same Dockerfile):
     docker save localhost/fenced-k8s-executor:dev -o out/image/fenced-k8s-executor-dev.tar
 """
 
-from fenced_k8s_executor.lab.image.build import main
+from fenced_k8s_lab.image.build import main
 
 __all__ = ["main"]

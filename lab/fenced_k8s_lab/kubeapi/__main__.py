@@ -1,4 +1,4 @@
-"""`python -m fenced_k8s_executor.lab.kubeapi --host 127.0.0.1 --port N` — run the emulator.
+"""`python -m fenced_k8s_lab.kubeapi --host 127.0.0.1 --port N` — run the emulator.
 
 Prints `READY <url>` on stdout once listening, so a parent process can wait for it.
 """
@@ -15,7 +15,7 @@ from .emulator import Emulator, check_loopback
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fenced_k8s_executor.lab.kubeapi", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m fenced_k8s_lab.kubeapi", description=__doc__)
     ap.add_argument("--host", default="127.0.0.1", help="loopback address only")
     ap.add_argument("--port", type=int, default=0, help="0 picks a free port")
     ap.add_argument("--history-size", type=int, default=1000, help="watch events kept for resume")

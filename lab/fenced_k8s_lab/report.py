@@ -66,7 +66,7 @@ def _label(executor: str, settings: dict[str, str] | None) -> str:
 
 def settings_of(names: list[str]) -> dict[str, dict[str, str]]:
     """{scenario: {executor: non-default settings}} for the scenarios that need any."""
-    from fenced_k8s_executor.lab.scenarios import SCENARIOS
+    from fenced_k8s_lab.scenarios import SCENARIOS
 
     return {n: {"fenced": SCENARIOS[n].settings} for n in names if n in SCENARIOS and SCENARIOS[n].settings}
 

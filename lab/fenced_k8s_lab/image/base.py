@@ -18,7 +18,7 @@ import tempfile
 from configparser import ConfigParser
 from pathlib import Path
 
-from fenced_k8s_executor.lab.image.chroot import Bind, Jail, Timer, rmtree, tar_create, tar_extract
+from fenced_k8s_lab.image.chroot import Bind, Jail, Timer, rmtree, tar_create, tar_extract
 
 SUITE = "bookworm"
 DEBIAN_PACKAGES = ["bash", "ca-certificates", "dumb-init", "python3", "python3-venv"]
@@ -49,7 +49,7 @@ AIRFLOW_WORKDIR = AIRFLOW_HOME
 # The entrypoint: the part of apache/airflow's entrypoint_prod.sh the Helm chart relies on.
 ENTRYPOINT_SH = r"""#!/usr/bin/env bash
 # Stand-in for apache/airflow's /entrypoint (fenced-k8s-executor lab image; see
-# fenced_k8s_executor/lab/image). Subset: umask, waiting for the metadata DB, and the
+# lab/fenced_k8s_lab/image). Subset: umask, waiting for the metadata DB, and the
 # bash/python/airflow dispatch. Not reproduced: adding an arbitrary UID to /etc/passwd,
 # _PIP_ADDITIONAL_REQUIREMENTS, _AIRFLOW_DB_MIGRATE/_AIRFLOW_WWW_USER_CREATE, Celery broker waits.
 set -euo pipefail

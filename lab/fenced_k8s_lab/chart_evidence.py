@@ -32,10 +32,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fenced_k8s_executor.lab import evidence as lab_evidence
-from fenced_k8s_executor.lab.chart import Cluster, RestApi
-from fenced_k8s_executor.lab.kubelet import workload_identity
-from fenced_k8s_executor.lab.measure import TERMINAL, Evidence, measure
+from fenced_k8s_lab import evidence as lab_evidence
+from fenced_k8s_lab.chart import Cluster, RestApi
+from fenced_k8s_lab.kubelet import workload_identity
+from fenced_k8s_lab.measure import TERMINAL, Evidence, measure
 
 WORKER_SELECTOR = "kubernetes_executor=True"
 WORKER_CONTAINER = "base"
@@ -469,7 +469,7 @@ def build_evidence(ti_log: TiLog, final_tis: list[dict], pod_records: list[dict]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fenced_k8s_executor.lab.chart_evidence [OUT]``: judge every scenario's saved
+    """``python -m fenced_k8s_lab.chart_evidence [OUT]``: judge every scenario's saved
     evidence again (OUT, default out/kind) and rewrite the metrics of its report."""
     import sys
 

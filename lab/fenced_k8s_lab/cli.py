@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fenced_k8s_executor.lab.scenarios import DEFAULT, SCENARIOS
+from fenced_k8s_lab.scenarios import DEFAULT, SCENARIOS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,7 +69,7 @@ def _open_kube(args: argparse.Namespace, say) -> Any:
     kind = getattr(args, "kube", "emulator")
     if not kubeconfig and kind == "emulator":
         return None
-    from fenced_k8s_executor.lab.controlplane import Shared, open_backend
+    from fenced_k8s_lab.controlplane import Shared, open_backend
 
     t0 = time.time()
     backend = open_backend(kind, kubeconfig)
@@ -80,9 +80,9 @@ def _open_kube(args: argparse.Namespace, say) -> Any:
 def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, Any]]]:
     import tempfile
 
-    from fenced_k8s_executor.lab import report
-    from fenced_k8s_executor.lab.postgres import start_from_template
-    from fenced_k8s_executor.lab.runner import run_one
+    from fenced_k8s_lab import report
+    from fenced_k8s_lab.postgres import start_from_template
+    from fenced_k8s_lab.runner import run_one
 
     names = list(SCENARIOS) if args.scenario == "all" else [n.strip() for n in args.scenario.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS]
@@ -142,7 +142,7 @@ def _on_node(args: argparse.Namespace, say) -> dict[str, dict[str, dict[str, Any
     """``--node``: ../shared/node up, the project image built and loaded, the run, the node down."""
     import subprocess
 
-    from fenced_k8s_executor.lab import node as node_mod
+    from fenced_k8s_lab import node as node_mod
 
     why = node_mod.skip_reason()
     if why:
@@ -150,7 +150,7 @@ def _on_node(args: argparse.Namespace, say) -> dict[str, dict[str, dict[str, Any
     node = node_mod.Node().start()
     try:
         say(f"real node up ({node.timings}); building and loading the project image")
-        built = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.image", "--target", "kind"],
+        built = subprocess.run([sys.executable, "-m", "fenced_k8s_lab.image", "--target", "kind"],
                                capture_output=True, text=True)
         if built.returncode != 0:
             raise SystemExit(f"image build failed:\n{built.stderr[-3000:]}")
@@ -164,11 +164,11 @@ def _on_node(args: argparse.Namespace, say) -> dict[str, dict[str, dict[str, Any
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
-        from fenced_k8s_executor.lab.bench import main as bench_main
+        from fenced_k8s_lab.bench import main as bench_main
 
         return bench_main(argv[1:]) or 0
     if argv[:1] == ["image"]:
-        from fenced_k8s_executor.lab.image import main as image_main
+        from fenced_k8s_lab.image import main as image_main
 
         return image_main(argv[1:])
     run(_parser().parse_args(argv))

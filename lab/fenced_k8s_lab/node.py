@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fenced_k8s_executor.lab.chart import SHARED
+from fenced_k8s_lab.chart import SHARED
 
 NODE = SHARED / "node"
 BRIDGE = "fncbr0"  # made by up.sh, removed by down.sh (../shared/node/env.sh)

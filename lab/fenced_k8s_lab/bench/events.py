@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 import time
 
-from fenced_k8s_executor.lab.bench.env import (KINDS, Lab, fmt_spread, forget, interleaved, median, percentile,
+from fenced_k8s_lab.bench.env import (KINDS, Lab, fmt_spread, forget, interleaved, median, percentile,
                                                profiled, progress, quiet_gc, ratio_spread, spread, workload,
                                                write_profile)
 

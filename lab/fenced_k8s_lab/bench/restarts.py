@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import time
 
-from fenced_k8s_executor.lab.bench.env import (KINDS, Lab, fmt_spread, median, percentile, progress, quiet_gc,
+from fenced_k8s_lab.bench.env import (KINDS, Lab, fmt_spread, median, percentile, progress, quiet_gc,
                                                ratio_spread, spread, workload)
-from fenced_k8s_executor.lab.bench.sweeping import DEPLOYMENT, clear, fill
+from fenced_k8s_lab.bench.sweeping import DEPLOYMENT, clear, fill
 
 #: The dead scheduler's job id: no Job row has it, so no scheduler of that id is running.
 DEAD_JOB = 1

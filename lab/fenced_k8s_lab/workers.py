@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from fenced_k8s_executor.lab.kubelet import START_DELAY_ANNOTATION, workload_identity
+from fenced_k8s_lab.kubelet import START_DELAY_ANNOTATION, workload_identity
 
 IMAGE = "localhost/fenced-k8s-executor:dev"
 DEPLOYMENT_LABEL = "lab.fenced-k8s-executor.io/deployment"
@@ -256,7 +256,7 @@ class ClusterWorkers:
     def evidence(self, stack: Any, neighbour: Any, prefix: str) -> dict[str, Any]:
         """What the API audit would have said: who deleted which pod (the schedulers' own log
         lines) and which deployment created it (the pod's deployment label)."""
-        from fenced_k8s_executor.lab.evidence import log_deleters, observed_deletes
+        from fenced_k8s_lab.evidence import log_deleters, observed_deletes
 
         logs: dict[str, list[Path]] = {}
         for deployment, who in ((stack, ""), (neighbour, prefix)):

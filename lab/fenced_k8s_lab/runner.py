@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from fenced_k8s_executor.lab import evidence as ev
-from fenced_k8s_executor.lab.dags import write_fanout
-from fenced_k8s_executor.lab.measure import TERMINAL, measure
-from fenced_k8s_executor.lab.scenarios import Scenario
-from fenced_k8s_executor.lab.stack import STOCK_EXECUTOR
+from fenced_k8s_lab import evidence as ev
+from fenced_k8s_lab.dags import write_fanout
+from fenced_k8s_lab.measure import TERMINAL, measure
+from fenced_k8s_lab.scenarios import Scenario
+from fenced_k8s_lab.stack import STOCK_EXECUTOR
 from fenced_k8s_executor.names import EXECUTOR_CLASS_PATH
 
 EXECUTORS = {"stock": STOCK_EXECUTOR, "fenced": EXECUTOR_CLASS_PATH}
@@ -389,10 +389,10 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     existing cluster); None starts a fresh emulator for this run. On an existing cluster
     (``kube.runs_pods``) its own kubelet runs the worker pods in ``image`` (``lab/workers.py``),
     reaching this machine's api-server at ``worker_host``; elsewhere the process kubelet does."""
-    from fenced_k8s_executor.lab.kubeapi import Emulator
-    from fenced_k8s_executor.lab.kubelet import LongTailDelay, ProcessKubelet
-    from fenced_k8s_executor.lab.postgres import new_airflow_db
-    from fenced_k8s_executor.lab.stack import AirflowStack
+    from fenced_k8s_lab.kubeapi import Emulator
+    from fenced_k8s_lab.kubelet import LongTailDelay, ProcessKubelet
+    from fenced_k8s_lab.postgres import new_airflow_db
+    from fenced_k8s_lab.stack import AirflowStack
 
     run_dir = out_dir / scenario.name / executor
     if run_dir.exists():  # an earlier run's logs would be appended to and read as this run's evidence
@@ -403,7 +403,7 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     namespace = f"lab-{scenario.name}"
     cluster = None
     if kube is not None and getattr(kube, "runs_pods", False):
-        from fenced_k8s_executor.lab import workers as cw
+        from fenced_k8s_lab import workers as cw
 
         image = image or cw.IMAGE
         worker_host = cw.worker_host(cw.node_addresses(kube), worker_host)

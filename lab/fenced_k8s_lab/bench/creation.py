@@ -10,7 +10,7 @@ import queue
 import time
 
 from fenced_k8s_executor import ledger
-from fenced_k8s_executor.lab.bench.env import (Lab, fmt_spread, forget, interleaved, median, pinned_apart, profiled,
+from fenced_k8s_lab.bench.env import (Lab, fmt_spread, forget, interleaved, median, pinned_apart, profiled,
                                                progress, quiet_gc, spread, workload)
 
 

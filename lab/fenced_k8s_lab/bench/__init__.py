@@ -75,8 +75,8 @@ def _rows(columns: dict, fields: tuple[str, ...]) -> dict:
 
 
 def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
-    from fenced_k8s_executor.lab.bench import creation, events, report, restarts, sweeping
-    from fenced_k8s_executor.lab.bench.env import Lab, progress
+    from fenced_k8s_lab.bench import creation, events, report, restarts, sweeping
+    from fenced_k8s_lab.bench.env import Lab, progress
 
     cfg = dict(SMOKE if args.smoke else QUICK if args.quick else FULL)
     if backend == "real":
@@ -265,14 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and not set(args.only.split(",")) <= set(SCENARIOS):
         ap.error(f"--only takes {','.join(SCENARIOS)}")
     out = _airflow_log_to_file(args)
-    from fenced_k8s_executor.lab.bench import report
-    from fenced_k8s_executor.lab.bench.env import progress
+    from fenced_k8s_lab.bench import report
+    from fenced_k8s_lab.bench.env import progress
 
     backends = ["emulator", "real"] if args.backend == "both" else [args.backend]
     result: dict = {}
     for backend in backends:
         if backend == "real":
-            from fenced_k8s_executor.lab.controlplane import find_assets
+            from fenced_k8s_lab.controlplane import find_assets
 
             assets, why = find_assets()
             if assets is None:
@@ -322,7 +322,7 @@ def _airflow_log_to_file(args: argparse.Namespace):
     log_fd = os.open(args.airflow_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.close(log_fd)
-    from fenced_k8s_executor.lab.bench.env import progress
+    from fenced_k8s_lab.bench.env import progress
 
     progress(f"Airflow's log lines: {args.airflow_log}")
     return report
@@ -346,7 +346,7 @@ def _run_real_subprocess(argv: list[str], airflow_log: str) -> dict:
         keep.append(a)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = fh.name
-    proc = subprocess.run([sys.executable, "-m", "fenced_k8s_executor.lab.bench", *keep, "--backend", "real",
+    proc = subprocess.run([sys.executable, "-m", "fenced_k8s_lab.bench", *keep, "--backend", "real",
                            "--json", out, "--airflow-log", airflow_log], stdout=subprocess.DEVNULL)
     if proc.returncode != 0:  # its progress went to stderr (shared), Airflow's lines to airflow_log
         return {"backend": "real", "error": f"exit {proc.returncode}; Airflow's log: {airflow_log}"}

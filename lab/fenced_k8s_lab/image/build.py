@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fenced_k8s_executor.lab.image import base as B
-from fenced_k8s_executor.lab.image.chroot import Jail, Timer, rmtree, tar_extract, user_ids
-from fenced_k8s_executor.lab.image.dockerfile import (DockerIgnore, Instruction, Unsupported, copy_context,
+from fenced_k8s_lab.image import base as B
+from fenced_k8s_lab.image.chroot import Jail, Timer, rmtree, tar_extract, user_ids
+from fenced_k8s_lab.image.dockerfile import (DockerIgnore, Instruction, Unsupported, copy_context,
                                                       expand, parse, split_flags)
 
 DEFAULT_NAMES = {"kind": "localhost/fenced-k8s-executor:dev", "runtime": "localhost/fenced-k8s-executor:runtime"}
@@ -182,7 +182,7 @@ class Builder:
                     ["/bin/sh", "-c", ins.args])
         else:
             raise Unsupported(f"{ins.where()}: instruction {ins.cmd} is not reproduced by the stand-in builder"
-                              " (fenced_k8s_executor/lab/image/dockerfile.py); extend it or build with docker")
+                              " (lab/fenced_k8s_lab/image/dockerfile.py); extend it or build with docker")
 
 
 def copy_context_mk(d: Path, uid: int, gid: int) -> None:

@@ -7,7 +7,7 @@ See docs/lab.md ("Emulator") for what is and is not modelled.
 
 In-process API (stable; used by tests, the process kubelet and the lab)::
 
-    from fenced_k8s_executor.lab.kubeapi import Emulator, EmulatorControl
+    from fenced_k8s_lab.kubeapi import Emulator, EmulatorControl
 
     emu = Emulator(tokens={"tok-a": "scheduler-a"}, history_size=1000, bookmark_interval=60.0)
     url = emu.start()                      # "http://127.0.0.1:<port>", served from a thread
@@ -32,7 +32,7 @@ either through the `kube_backend` fixture (tests/conftest.py). Where the two dis
 apiserver is right and the emulator is fixed (see docs/lab.md, "Real kube-apiserver").
 
 `EmulatorControl(url)` has the same control methods over HTTP for an emulator started as a
-subprocess: `python -m fenced_k8s_executor.lab.kubeapi --host 127.0.0.1 --port N
+subprocess: `python -m fenced_k8s_lab.kubeapi --host 127.0.0.1 --port N
 [--tokens JSON] [--kubeconfig PATH --token T]` (prints `READY <url>`; loopback only).
 
 HTTP controls (under /_emulator/): POST compact | close-watches | bookmark | reset | tokens;

@@ -26,10 +26,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
-from fenced_k8s_executor.lab.postgres import airflow_db_env, free_port
+from fenced_k8s_lab.postgres import airflow_db_env, free_port
 
 STOCK_EXECUTOR = "airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor"
-PROJECT_ROOT = str(Path(__file__).resolve().parents[2])  # makes the package importable uninstalled
+#: The runtime package (repo root) and the lab (lab/), importable by the lab's processes uninstalled.
+PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+LAB_ROOT = str(Path(__file__).resolve().parents[1])
 EXECUTION_AUDIENCE = "urn:airflow.apache.org:task"
 
 POD_TEMPLATE = """\
@@ -46,14 +48,14 @@ spec:
 
 
 def write_kubeconfig(path: Path, server: str, token: str, namespace: str = "default") -> Path:
-    from fenced_k8s_executor.lab.kubeconfig import write_kubeconfig as write
+    from fenced_k8s_lab.kubeconfig import write_kubeconfig as write
 
     return Path(write(path, server, token=token, namespace=namespace))
 
 
 def _pythonpath() -> str:
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return os.pathsep.join(parts + ([PROJECT_ROOT] if PROJECT_ROOT not in parts else []))
+    return os.pathsep.join(parts + [root for root in (PROJECT_ROOT, LAB_ROOT) if root not in parts])
 
 
 class AirflowProcess:
@@ -294,7 +296,7 @@ class AirflowStack:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
-            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "fenced_k8s_executor.lab.hostname.pod_hostname",
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "fenced_k8s_lab.hostname.pod_hostname",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
             "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),

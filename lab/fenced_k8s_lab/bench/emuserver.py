@@ -1,6 +1,6 @@
 """The benchmark's emulator process: the lab's Kubernetes API emulator plus two bench-only things.
 
-    python -m fenced_k8s_executor.lab.bench.emuserver --port 0 [--history-size N] [--tokens JSON]
+    python -m fenced_k8s_lab.bench.emuserver --port 0 [--history-size N] [--tokens JSON]
         [--stock-pagination]
 
 1. ``POST /_bench/fill`` builds executor pods inside the emulator process from compact rows
@@ -16,7 +16,7 @@
    and snapshot semantics are unchanged (same snapshot ids, same offsets). ``--stock-pagination``
    keeps the emulator's handler (to measure the difference).
 
-Prints ``READY <url>`` like ``python -m fenced_k8s_executor.lab.kubeapi``.
+Prints ``READY <url>`` like ``python -m fenced_k8s_lab.kubeapi``.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import threading
 
 from aiohttp import web
 
-from fenced_k8s_executor.lab.kubeapi import emulator as emu_mod
-from fenced_k8s_executor.lab.kubeapi import objects, resources
-from fenced_k8s_executor.lab.kubeapi.server import make_app
-from fenced_k8s_executor.lab.kubeapi.store import Expired
+from fenced_k8s_lab.kubeapi import emulator as emu_mod
+from fenced_k8s_lab.kubeapi import objects, resources
+from fenced_k8s_lab.kubeapi.server import make_app
+from fenced_k8s_lab.kubeapi.store import Expired
 
 
 def _lazy_list(original):
@@ -91,7 +91,7 @@ def _lazy_list(original):
 
 
 def _bench_middleware(state):
-    from fenced_k8s_executor.lab.bench.sweeping import pod_body
+    from fenced_k8s_lab.bench.sweeping import pod_body
 
     store = state.store
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from fenced_k8s_executor.lab.dags import FAIL_MARK, TASK_MARK
-from fenced_k8s_executor.lab.measure import RUN_PATH, Evidence, stale_exit_reason
+from fenced_k8s_lab.dags import FAIL_MARK, TASK_MARK
+from fenced_k8s_lab.measure import RUN_PATH, Evidence, stale_exit_reason
 
 #: Every change of a task_instance row that matters for launches, with a wall-clock timestamp
 #: taken when the row changes (lab databases only; Airflow never sees the table).

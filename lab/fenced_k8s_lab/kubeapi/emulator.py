@@ -1,7 +1,7 @@
 """Ways to run and drive the emulator: in-process (`Emulator`) or remote (`EmulatorControl`).
 
 Both expose the same control methods, so a test or the lab can switch between an emulator
-in a background thread and one in a subprocess (`python -m fenced_k8s_executor.lab.kubeapi`)
+in a background thread and one in a subprocess (`python -m fenced_k8s_lab.kubeapi`)
 without changing code.
 """
 

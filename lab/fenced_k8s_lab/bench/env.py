@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from fenced_k8s_executor.lab.stack import STOCK_EXECUTOR as STOCK
+from fenced_k8s_lab.stack import STOCK_EXECUTOR as STOCK
 from fenced_k8s_executor.names import EXECUTOR_CLASS_PATH as FENCED
 
 KINDS = ("stock", "fenced")
@@ -263,7 +263,7 @@ class Lab:
             self.pg.stop()
 
     def _start_db(self) -> None:
-        from fenced_k8s_executor.lab.postgres import airflow_db_env, new_airflow_db, start_from_template
+        from fenced_k8s_lab.postgres import airflow_db_env, new_airflow_db, start_from_template
 
         progress("starting embedded PostgreSQL from the migrated template")
         self.pg = start_from_template()
@@ -282,9 +282,9 @@ class Lab:
         self.trips = RoundTrips(settings.engine)
 
     def _start_emulator(self, stock_pagination: bool) -> None:
-        from fenced_k8s_executor.lab.kubeapi import EmulatorControl
+        from fenced_k8s_lab.kubeapi import EmulatorControl
 
-        self.emu_proc = Proc([sys.executable, "-m", "fenced_k8s_executor.lab.bench.emuserver", "--port", "0",
+        self.emu_proc = Proc([sys.executable, "-m", "fenced_k8s_lab.bench.emuserver", "--port", "0",
                               "--history-size", "20000", "--tokens", json.dumps({"bench": "bench"})]
                              + (["--stock-pagination"] if stock_pagination else []),
                              self.workdir / "emulator.log")
@@ -294,7 +294,7 @@ class Lab:
                  f" ({'stock' if stock_pagination else 'lazy'} list pagination)")
 
     def _start_real(self) -> None:
-        from fenced_k8s_executor.lab.controlplane import ControlPlane
+        from fenced_k8s_lab.controlplane import ControlPlane
 
         progress("starting etcd + kube-apiserver from KUBEBUILDER_ASSETS")
         self.emu = ControlPlane(workdir=self.workdir / "controlplane", users=BENCH_USERS).start()
@@ -321,7 +321,7 @@ class Lab:
         self.ensure_namespace(namespace)
         if self.real:
             return self.emu.write_kubeconfig(str(path), token=token, namespace=namespace)
-        from fenced_k8s_executor.lab.kubeconfig import write_kubeconfig
+        from fenced_k8s_lab.kubeconfig import write_kubeconfig
 
         self.emu.set_tokens({token: token})
         return write_kubeconfig(str(path), self.emu_url, token=token, namespace=namespace)
@@ -367,7 +367,7 @@ class Lab:
     def start_kubelet(self, namespace: str, max_running: int = 16) -> Proc:
         self._kubelets += 1
         kc = self.kubeconfig(f"kubelet-b{self._kubelets}", namespace)
-        p = Proc([sys.executable, "-m", "fenced_k8s_executor.lab.kubelet", "--kubeconfig", kc, "--namespace",
+        p = Proc([sys.executable, "-m", "fenced_k8s_lab.kubelet", "--kubeconfig", kc, "--namespace",
                   namespace, "--node-name", f"node-{namespace}", "--max-running", str(max_running), "--workdir", str(self.workdir / f"kubelet-{namespace}")],
                  self.workdir / f"kubelet-{namespace}.log")
         self.procs.append(p)
@@ -379,7 +379,7 @@ class Lab:
         """dags x runs x tasks finished TIs (with tokens), written in bulk SQL like the scheduler leaves them."""
         import sqlalchemy as sa
 
-        from fenced_k8s_executor.lab import seed
+        from fenced_k8s_lab import seed
 
         t0 = time.monotonic()
         for d in range(dags):
@@ -410,7 +410,7 @@ class Lab:
     def queued_tis(self, count: int, job_id: int, tag: str) -> list:
         """A new DAG run with ``count`` TIs queued by ``job_id`` (token pre-assigned), as the scheduler
         leaves them right before the executor's heartbeat."""
-        from fenced_k8s_executor.lab import seed
+        from fenced_k8s_lab import seed
 
         dag_id = "bench_live"
         version = getattr(self, "_live_version", None)

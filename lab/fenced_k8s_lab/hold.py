@@ -1,6 +1,6 @@
 """Hold new pods Pending on any cluster: a NoSchedule taint on the nodes, lifted later.
 
-    python -m fenced_k8s_executor.lab.hold hold|release|status     # KUBECONFIG, else ~/.kube/config
+    python -m fenced_k8s_lab.hold hold|release|status     # KUBECONFIG, else ~/.kube/config
 
 Which nodes: those labelled ``fenced-k8s-executor.io/lab-node`` (kind-config/cluster.yaml labels
 its two workers), or every node when none is labelled (the single node of ../shared/node).
@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Iterator
 
-from fenced_k8s_executor.lab.chart import Cluster
+from fenced_k8s_lab.chart import Cluster
 
 TAINT_KEY = "fenced-k8s-executor.io/hold"
 LAB_NODE_LABEL = "fenced-k8s-executor.io/lab-node"
@@ -69,7 +69,7 @@ def held(cluster: Cluster) -> Iterator[list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] not in ("hold", "release", "status"):
-        print("usage: python -m fenced_k8s_executor.lab.hold hold|release|status", file=sys.stderr)
+        print("usage: python -m fenced_k8s_lab.hold hold|release|status", file=sys.stderr)
         return 2
     cluster = Cluster(os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config"))
     if args[0] == "status":

@@ -12,7 +12,7 @@ import time
 import tracemalloc
 import uuid
 
-from fenced_k8s_executor.lab.bench.env import Lab, median, profiled, progress
+from fenced_k8s_lab.bench.env import Lab, median, profiled, progress
 from fenced_k8s_executor.launch import LaunchIdentity
 from fenced_k8s_executor.sweep import Sweeper
 
@@ -80,7 +80,7 @@ def seed_tis(lab: Lab, count: int) -> list[tuple]:
     ``bench_sweep`` DAG (runs of 1,000 tasks) for what the history lacks."""
     import sqlalchemy as sa
 
-    from fenced_k8s_executor.lab import seed
+    from fenced_k8s_lab import seed
 
     query = ("SELECT id::text, dag_id, task_id, run_id, external_executor_id FROM task_instance"
              " WHERE dag_id LIKE 'bench_dag_%' OR dag_id = 'bench_sweep' ORDER BY dag_id, id LIMIT :n")

@@ -4,7 +4,7 @@ Assets are laid out as controller-runtime's envtest assets: one folder holding `
 `kube-apiserver`, named by KUBEBUILDER_ASSETS (`bash ../shared/envtest/install.sh` prints one;
 its default destination, ~/.cache/fenced-envtest/1.36.2, is also looked at).
 
-    from fenced_k8s_executor.lab.controlplane import ControlPlane, find_assets
+    from fenced_k8s_lab.controlplane import ControlPlane, find_assets
 
     assets, why = find_assets()            # (folder, None) or (None, reason)
     cp = ControlPlane(assets).start()      # free loopback ports, fresh etcd data dir, own PKI
@@ -615,7 +615,7 @@ def open_backend(kind: str = "emulator", kubeconfig: str | os.PathLike | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m fenced_k8s_executor.lab.controlplane [--kubeconfig PATH]`: run until Ctrl-C."""
+    """`python -m fenced_k8s_lab.controlplane [--kubeconfig PATH]`: run until Ctrl-C."""
     import argparse
 
     p = argparse.ArgumentParser(description=main.__doc__)

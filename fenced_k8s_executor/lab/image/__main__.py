@@ -1,3 +1,0 @@
-from fenced_k8s_executor.lab.image import main
-
-raise SystemExit(main())

@@ -1,0 +1,3 @@
+from fenced_k8s_lab.cli import main
+
+raise SystemExit(main())
