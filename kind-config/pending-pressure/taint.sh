@@ -15,4 +15,4 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 command -v kubectl >/dev/null 2>&1 || { echo "taint.sh: kubectl not on PATH (https://kubernetes.io/docs/tasks/tools/)" >&2; exit 2; }
-PYTHONPATH="${ROOT}${PYTHONPATH:+:${PYTHONPATH}}" exec "${PYTHON:-python3}" -m fenced_k8s_lab.hold "$@"
+PYTHONPATH="${ROOT}:${ROOT}/lab${PYTHONPATH:+:${PYTHONPATH}}" exec "${PYTHON:-python3}" -m fenced_k8s_lab.hold "$@"
