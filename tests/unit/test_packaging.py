@@ -7,6 +7,7 @@ check covers what ships, not what the source tree happens to hold.
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 
@@ -23,8 +24,14 @@ LAB_PACKAGE = "fenced_k8s_lab"
 
 @pytest.fixture(scope="module")
 def runtime_wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(ROOT)],
+    # Built from a copy of what the runtime distribution is made of (setuptools builds in the source
+    # tree): the checkout stays clean, and a runtime file left outside these would fail the build.
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "fenced_k8s_executor", source / "fenced_k8s_executor",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(source)],
                    check=True, capture_output=True, text=True)
     (wheel,) = out.glob("fenced_k8s_executor-*.whl")
     return wheel
