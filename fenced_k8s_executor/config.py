@@ -7,7 +7,6 @@ silently falling back: a fence that is quietly off is worse than a scheduler tha
 from __future__ import annotations
 
 import enum
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -41,7 +40,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "deployment_id": (
         "",
         "Names this Airflow deployment on its pods; fences delete only pods stamped with it. Empty:"
-        " derived from the metadata DB address (dialect, host, port, database; no credentials).",
+        " derived from the metadata database's own identity (PostgreSQL: system identifier, database"
+        " and schema); required when that cannot be read and the DB address is a loopback or socket.",
     ),
     "run_gate": (
         "True",
@@ -112,21 +112,6 @@ def _parse_deployment_id(raw: str) -> str:
     if text and not _LABEL_VALUE.match(text):
         raise _fail("deployment_id", raw, "empty, or a Kubernetes label value (1-63 of [A-Za-z0-9-_.], alphanumeric ends)")
     return text
-
-
-def derive_deployment_id(sql_alchemy_conn: str) -> str:
-    """A stable id for one metadata DB: a hash of its address without credentials.
-
-    Every scheduler of one deployment uses the same DB address; two deployments cannot share
-    one metadata DB. If the address changes (a migration), older pods merely stop being
-    recognised as ours: they are then never deleted by a fence, the safe direction.
-    """
-    from sqlalchemy.engine import make_url
-
-    url = make_url(sql_alchemy_conn)
-    backend = url.get_backend_name()
-    address = f"{backend}|{(url.host or '').lower()}|{url.port or ''}|{url.database or ''}"
-    return "db-" + hashlib.sha256(address.encode()).hexdigest()[:16]
 
 
 def parse(raw: dict[str, str]) -> FencedConfig:

@@ -19,7 +19,7 @@ from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils impor
     KubernetesJobWatcher,
 )
 
-from fenced_k8s_executor import compat, config, guards, metrics, pods, stamp, verdicts
+from fenced_k8s_executor import compat, config, deployment, guards, metrics, pods, stamp, verdicts
 from fenced_k8s_executor.fences.common import FAILED, QUEUED, Loop, workload_of
 from fenced_k8s_executor.fences.creation import CreationFence
 from fenced_k8s_executor.fences.events import EventFence
@@ -74,7 +74,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         if SUPPORT.warning:  # where operators read the scheduler's start-up
             log.warning(SUPPORT.warning)
         self.fence = config.load(self.conf)
-        self.deployment = self.fence.deployment_id or config.derive_deployment_id(self._metadata_db_url())
+        self.deployment = self._resolve_deployment()
         from airflow.configuration import conf
 
         self._claim_lifetime = conf.getfloat("scheduler", "task_queued_timeout")
@@ -104,11 +104,12 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         log.info("fenced_k8s_executor started mode=%s sweep_interval=%s deployment=%s", self.fence.mode.value,
                  self.fence.sweep_interval, self.deployment)
 
-    @staticmethod
-    def _metadata_db_url() -> str:
-        from airflow.configuration import conf
-
-        return conf.get("database", "sql_alchemy_conn")
+    def _resolve_deployment(self) -> str:
+        found = deployment.resolve(self.fence)
+        if found.address_id and found.address_id != found.id:
+            log.info("fenced_k8s_executor deployment=%s (%s); pods stamped %s by 0.1.0 (derived from the DB address) "
+                     "are not this id's and are never deleted by a fence", found.id, found.source, found.address_id)
+        return found.id
 
     def end(self) -> None:
         if self.pending_pods is not None:

@@ -421,15 +421,13 @@ def health_check_window() -> timedelta:
 def our_deployment() -> str | None:
     """The deployment stamp this process's fenced executors put on their pods (None for package
     versions without deployment stamps)."""
-    from fenced_k8s_executor import config
-
-    derive = getattr(config, "derive_deployment_id", None)
-    if derive is None:
+    try:
+        from fenced_k8s_executor import config, deployment
+    except ImportError:
         return None
     from airflow.configuration import conf
 
-    configured = conf.get("fenced_kubernetes_executor", "deployment_id", fallback="") or ""
-    return configured.strip() or derive(conf.get("database", "sql_alchemy_conn"))
+    return deployment.resolve(config.load(conf)).id
 
 
 def _sync_bundles(manager: Any) -> None:

@@ -4,19 +4,45 @@ from __future__ import annotations
 
 import pytest
 
-from fenced_k8s_executor import config
+from fenced_k8s_executor import config, deployment
 
 
-def test_derived_id_ignores_credentials_and_driver_but_not_the_database():
-    a = config.derive_deployment_id("postgresql+psycopg2://airflow:secret@db.example:5432/airflow")
-    assert a == config.derive_deployment_id("postgresql://other:rotated@DB.example:5432/airflow")
-    assert a != config.derive_deployment_id("postgresql://airflow:secret@db.example:5432/airflow_b")
-    assert a != config.derive_deployment_id("postgresql://airflow:secret@db2.example:5432/airflow")
+def test_identity_id_names_the_server_the_database_and_the_schema():
+    a = deployment.identity_id("postgresql", "7715039168456507679", "airflow", "public")
+    assert a == deployment.identity_id("postgresql", "7715039168456507679", "airflow", "public")
+    assert a != deployment.identity_id("postgresql", "7715039168456507680", "airflow", "public")
+    assert a != deployment.identity_id("postgresql", "7715039168456507679", "airflow_b", "public")
+    assert a != deployment.identity_id("postgresql", "7715039168456507679", "airflow", "team_b")
+    assert config.parse({"deployment_id": a}).deployment_id == a  # a label value
+
+
+def test_address_id_is_what_0_1_0_derived_and_ignores_credentials():
+    a = deployment.address_id("postgresql+psycopg2://airflow:secret@db.example:5432/airflow")
+    assert a == deployment.address_id("postgresql://other:rotated@DB.example:5432/airflow")
+    assert a != deployment.address_id("postgresql://airflow:secret@db.example:5432/airflow_b")
     assert "secret" not in a and a.startswith("db-")
 
 
-def test_derived_id_is_a_label_value():
-    assert config.parse({"deployment_id": config.derive_deployment_id("sqlite:////tmp/a.db")})
+@pytest.mark.parametrize("url", [
+    "postgresql://u:p@127.0.0.1:5432/airflow",  # Cloud SQL Auth Proxy, pgbouncer sidecar
+    "postgresql://u:p@127.8.9.1/airflow",
+    "postgresql://u:p@localhost:6432/airflow",
+    "postgresql://u:p@[::1]:5432/airflow",
+    "postgresql://u:p@/airflow",  # the default socket
+    "postgresql://u:p@/airflow?host=/cloudsql/project:region:instance",
+    "mysql+mysqldb://u:p@localhost/airflow",
+])
+def test_loopback_and_socket_addresses_may_be_shared(url):
+    assert deployment.local_address(url)
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://u:p@db.example:5432/airflow",
+    "postgresql://u:p@10.1.2.3:5432/airflow",
+    "postgresql://u:p@airflow-postgresql.airflow.svc.cluster.local/airflow",
+])
+def test_a_server_address_is_not_local(url):
+    assert not deployment.local_address(url)
 
 
 @pytest.mark.parametrize("value", ["prod-eu", "a", "team.a_1"])
