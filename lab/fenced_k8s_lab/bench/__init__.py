@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-SCENARIOS = ("queue", "precreate", "launch", "state", "inflight", "loop", "orphans", "startup", "sweep")
+SCENARIOS = ("queue", "precreate", "launch", "state", "inflight", "loop", "orphans", "peers", "startup", "sweep")
 
 FULL = {"history": (50, 40, 5), "queue_workloads": 500, "queue_reps": 6, "precreate_sizes": [1, 8, 32, 128],
         "precreate_reps": 8, "launch_pods": 500, "launch_reps": 4, "batch_size": 32, "state_events": 100,
@@ -199,6 +199,16 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
                 for q in ("p50", "p99"):
                     spreads[f"orphans_{mode}_{q}_ratio"] = figures["spread"][q]
                     spreads[f"orphans_{mode}_{q}_aa_ratio"] = figures["aa_spread"][q]
+        _checkpoint(args, backend, result, spreads, raw)
+        if "peers" in only:
+            progress("loop with a live peer's launches in flight (fence by launch, whoever created it)")
+            raw["peers"] = r = restarts.peers(lab, cfg["orphan_pods"], cfg["orphan_syncs"])
+            result["peers"] = {mode: {k: v for k, v in figures.items() if k != "raw"}
+                               for mode, figures in r["modes"].items()}
+            for mode, figures in r["modes"].items():
+                for q in ("p50", "p99"):
+                    spreads[f"peers_{mode}_{q}_ratio"] = figures["spread"][q]
+                    spreads[f"peers_{mode}_{q}_aa_ratio"] = figures["aa_spread"][q]
         _checkpoint(args, backend, result, spreads, raw)
         if "startup" in only:
             progress("scheduler start-up with many Pending pods in the namespace")

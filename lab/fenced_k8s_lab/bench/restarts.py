@@ -1,10 +1,12 @@
-"""Issue 28's costs: a live scheduler's loop with a dead scheduler's launches in flight, and the
-start-up of a fenced scheduler with many pods in its namespace (stock vs fenced in one run)."""
+"""Issue 28's and 35's costs: a live scheduler's loop with another scheduler's launches in flight
+(a dead one's, or a live peer's), and the start-up of a fenced scheduler with many pods in its
+namespace (stock vs fenced in one run)."""
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from fenced_k8s_lab.bench.env import (KINDS, Lab, fmt_spread, median, percentile, progress, quiet_gc,
                                                ratio_spread, spread, workload)
@@ -23,25 +25,55 @@ def _executor(lab: Lab, kind: str, namespace: str, **kwargs):
         os.environ.pop(_DEPLOYMENT_VAR, None)
 
 
-def _dead_schedulers_pods(lab: Lab, namespace: str, count: int) -> None:
-    """``count`` Pending pods of this deployment whose creator is gone, each the current launch of
-    a QUEUED TI (so no fence deletes them: every loop re-checks all of them)."""
-    tis = lab.queued_tis(count, DEAD_JOB, f"orphans_{namespace}")
-    fill(lab, namespace, [(ti.id, ti.dag_id, ti.task_id, ti.run_id, ti.token) for ti in tis])
+def _dead_schedulers_pods(lab: Lab, namespace: str, count: int, creator: int = DEAD_JOB) -> None:
+    """``count`` Pending pods of this deployment created by ``creator`` (default: a scheduler that is
+    gone), each the current launch of a QUEUED TI (so no fence deletes them)."""
+    tis = lab.queued_tis(count, creator, f"orphans_{namespace}")
+    fill(lab, namespace, [(ti.id, ti.dag_id, ti.task_id, ti.run_id, ti.token) for ti in tis], creator=creator)
 
 
-def orphans(lab: Lab, count: int, syncs: int, per_loop: int = 2) -> dict:
-    """Loops of live schedulers sharing a namespace with ``count`` Pending pods of a dead scheduler:
+class _LivePeer:
+    """A running SchedulerJob row kept heartbeating: the creator of the pods in the ``peers`` scenario."""
+
+    def __init__(self) -> None:
+        from airflow.jobs.job import Job
+
+        self.job = Job(job_type="SchedulerJob")
+        self.job.hostname = "bench-live-peer"
+        self.job.prepare_for_execution()
+
+    def beat(self) -> None:
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            self.job.heartbeat(heartbeat_callback=lambda session=None: None, session=session)
+
+    def close(self) -> None:
+        self.job.complete_execution()
+
+
+def peers(lab: Lab, count: int, syncs: int, per_loop: int = 2) -> dict:
+    """``orphans`` with a live peer as the pods' creator (running and heartbeating)."""
+    peer = _LivePeer()
+    try:
+        return orphans(lab, count, syncs, per_loop, peer=peer)
+    finally:
+        peer.close()
+
+
+def orphans(lab: Lab, count: int, syncs: int, per_loop: int = 2, peer: _LivePeer | None = None) -> dict:
+    """Loops of live schedulers sharing a namespace with ``count`` Pending pods of a dead scheduler
+    (or of a live ``peer``):
     two stock executors and one fenced, syncs in ABBA order (the second stock executor is the A/A
     floor). ``idle``: nothing else to do; ``busy``: ``per_loop`` new tasks queued and created each
     loop (their pods stay Pending too). Per mode: p50/p99 of sync(), DB statements and API calls
     per sync (the watch excluded: one long request, not per loop)."""
-    ns = f"bench-orphans-{count}"
-    _dead_schedulers_pods(lab, ns, count)
+    ns = f"bench-{'peers' if peer else 'orphans'}-{count}"
+    _dead_schedulers_pods(lab, ns, count, peer.job.id if peer else DEAD_JOB)
     execs = {"stock": _executor(lab, "stock", ns), "fenced": _executor(lab, "fenced", ns),
              "stock_b": _executor(lab, "stock", ns)}
     deadline = time.monotonic() + 60
-    view = execs["fenced"].pending_pods.view
+    view = _view(execs["fenced"])
     while len(view) < count and time.monotonic() < deadline:
         time.sleep(0.1)
     out: dict = {"pods": count, "syncs": syncs, "per_loop": per_loop, "known_at_start": len(view), "modes": {}}
@@ -51,8 +83,10 @@ def orphans(lab: Lab, count: int, syncs: int, per_loop: int = 2) -> dict:
     for mode in ("idle", "busy"):
         raw: dict = {k: [] for k in execs}
         mark = lab.audit_mark()
-        for kind in order:
+        for i, kind in enumerate(order):
             ex = execs[kind]
+            if peer is not None and i % 3 == 0:
+                peer.beat()  # untimed; the peer stays running for every fence that asks
             if mode == "busy":
                 for ti in lab.queued_tis(per_loop, ex.job_id, f"orphans_busy_{kind}"):
                     ex.queue_workload(workload(ti, ex), session=None)
@@ -77,7 +111,7 @@ def orphans(lab: Lab, count: int, syncs: int, per_loop: int = 2) -> dict:
         figures["spread"] = {q: _quantile_spread(raw, "fenced", q) for q in ("p50", "p99")}
         figures["aa_spread"] = {q: _quantile_spread(raw, "stock_b", q) for q in ("p50", "p99")}
         out["modes"][mode] = figures
-        progress(f"orphans {count} ({mode}): p50 stock {figures['stock']['p50'] * 1e3:.2f} ms, fenced"
+        progress(f"{'peers' if peer else 'orphans'} {count} ({mode}): p50 stock {figures['stock']['p50'] * 1e3:.2f} ms, fenced"
                  f" {figures['fenced']['p50'] * 1e3:.2f} ms; p99 {figures['stock']['p99'] * 1e3:.2f} /"
                  f" {figures['fenced']['p99'] * 1e3:.2f} ms; p99 fenced/stock {fmt_spread(figures['spread']['p99'])},"
                  f" stock/stock {fmt_spread(figures['aa_spread']['p99'])}; fenced DB statements per sync"
@@ -122,7 +156,7 @@ def startup(lab: Lab, pods: int, reps: int) -> dict:
             ex = _executor(lab, kind, ns)
             raw[kind].append(time.perf_counter() - t0)
             if kind == "fenced":
-                known.append(len(ex.pending_pods.view))
+                known.append(len(_view(ex)))
             lab.end_executor(ex)
     clear(lab, ns)
     out = {"pods": pods, "reps": reps, "seconds": {k: median(v) for k, v in raw.items()}, "raw": raw,
@@ -131,3 +165,9 @@ def startup(lab: Lab, pods: int, reps: int) -> dict:
              f" {out['seconds']['fenced']:.2f} s (fenced/stock {fmt_spread(out['spread'])}); the fenced executor"
              f" knew {known} pods when start() returned")
     return out
+
+
+def _view(executor) -> Any:
+    """The fenced executor's picture of this deployment's pods in flight (its name changed in 0.2.0)."""
+    pods = getattr(executor, "in_flight_pods", None) or getattr(executor, "pending_pods", None)
+    return pods.view

@@ -60,14 +60,16 @@ def create_pods(lab: Lab, namespace: str, bodies: list[dict], concurrency: int =
     asyncio.run(run())
 
 
-def fill(lab: Lab, namespace: str, rows: list[tuple], chunk: int = 5000) -> None:
-    """Pods for ``rows`` (ti_id, dag_id, task_id, run_id, token): built inside the emulator
-    process (bench control, no HTTP per pod), or POSTed one by one to a real apiserver."""
+def fill(lab: Lab, namespace: str, rows: list[tuple], chunk: int = 5000, creator: int = 1) -> None:
+    """Pods for ``rows`` (ti_id, dag_id, task_id, run_id, token) created by scheduler job ``creator``:
+    built inside the emulator process (bench control, no HTTP per pod), or POSTed one by one to a
+    real apiserver."""
     if lab.real:
-        create_pods(lab, namespace, [pod_body(tuple(r[:4]), r[4]) for r in rows])
+        create_pods(lab, namespace, [pod_body(tuple(r[:4]), r[4], creator) for r in rows])
         return
     for i in range(0, len(rows), chunk):
-        lab._bench_control("POST", "fill", {"namespace": namespace, "rows": [list(r) for r in rows[i:i + chunk]]})
+        lab._bench_control("POST", "fill", {"namespace": namespace, "rows": [list(r) for r in rows[i:i + chunk]],
+                                            "job_id": creator})
 
 
 def clear(lab: Lab, namespace: str) -> None:
