@@ -193,8 +193,11 @@ class FencedRunGatePlugin(AirflowPlugin):
 
     Loaded from the package's ``airflow.plugins`` entry point; Airflow instantiates entry-point
     plugins, so the setting is read at instantiation (plugin load), not at import.
-    An invalid ``[fenced_kubernetes_executor]`` value makes the plugin fail to load, loudly
-    (listed in the plugin import errors), rather than silently switching the gate.
+
+    An invalid ``[fenced_kubernetes_executor]`` value stops the process that loads plugins (the
+    api-server first of all), naming the option and the accepted values: a plugin that merely
+    fails to load is logged by Airflow, which then serves without the gate, healthy and gate-less.
+    ``SystemExit`` is the one exception the plugin manager does not catch.
     """
 
     name = "fenced_run_gate"
@@ -204,4 +207,8 @@ class FencedRunGatePlugin(AirflowPlugin):
 
         from fenced_k8s_executor import config
 
-        self.fastapi_root_middlewares = root_middlewares(config.load(conf).run_gate)
+        try:
+            fence = config.load(conf)
+        except config.FencedConfigError as error:
+            raise SystemExit(f"fenced_k8s_executor: {error}") from None
+        self.fastapi_root_middlewares = root_middlewares(fence.run_gate)
