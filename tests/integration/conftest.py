@@ -12,6 +12,7 @@ execution API routes. The test plays the kubelet (pod status) and picks the orde
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -141,9 +142,11 @@ class World:
         """Stuck in queued (revoke, back to SCHEDULED: same id and try), queued again by ``sched``."""
         return sched.requeue_stuck(self.dag_id, self.run_id, trigger=trigger)
 
-    def scheduler_process(self, kind: str, *, hostname: str, batch_size: int = 8) -> "ChildScheduler":
+    def scheduler_process(self, kind: str, *, hostname: str, batch_size: int = 8,
+                          env: dict | None = None) -> "ChildScheduler":
         """A scheduler in its own process (``scheduler_child.py``) that queues this world's run,
-        creates its pods and loops until it is killed (``ChildScheduler.kill``: SIGKILL)."""
+        creates its pods and loops until it is killed (``ChildScheduler.kill``: SIGKILL). ``env``:
+        variables of its own (another address for the metadata DB, say)."""
         import json
         import subprocess
         import sys
@@ -155,7 +158,7 @@ class World:
                                            namespace=self.namespace)
         self.backend.set_tokens({user: user, "test": "test"})
         env = {**os.environ, "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": kc,
-               "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": str(batch_size)}
+               "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": str(batch_size), **(env or {})}
         from scheduler_child import READY
 
         script = Path(__file__).with_name("scheduler_child.py")
@@ -169,6 +172,8 @@ class World:
             proc.wait(timeout=10)
             raise RuntimeError(f"child scheduler exited: {(self.tmp_path / f'{user}.log').read_text()[-3000:]}")
         ready, _ = json.JSONDecoder().raw_decode(line[len(READY):])  # a log line may follow on the same line
+        # Its output keeps coming: read on into its log, or a full pipe would stall the child mid-loop.
+        threading.Thread(target=_drain, args=(proc.stdout, self.tmp_path / f"{user}.out"), daemon=True).start()
         child = ChildScheduler(proc, ready["job_id"], user, hostname)
         self.children.append(child)
         return child
@@ -297,6 +302,12 @@ class World:
             if found or time.monotonic() >= deadline:
                 return found
             time.sleep(0.2)
+
+
+def _drain(stream, path) -> None:
+    with open(path, "a") as out:
+        for line in stream:
+            out.write(line)
 
 
 @dataclass

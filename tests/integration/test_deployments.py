@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -48,19 +49,15 @@ finally:
 """
 
 
-@pytest.fixture(scope="module")
-def foreign_pod(kube_backend, pg_server, metadata_db, tmp_path_factory):
-    """The pod a fenced scheduler of ANOTHER deployment created (read back as a manifest)."""
-    from fenced_k8s_lab.postgres import airflow_db_env, new_airflow_db
+def _other_deployment(kube_backend, home, namespace: str, url: str) -> dict:
+    """Run a fenced scheduler of ANOTHER deployment (metadata DB ``url``): it queues its own DAG
+    and creates that task's pod in ``namespace``; returns the pod, its TI id and token."""
+    from fenced_k8s_lab.postgres import airflow_db_env
 
-    home = tmp_path_factory.mktemp("other_deployment")
-    namespace = f"other-{uuid.uuid4().hex[:6]}"
-    kube_backend.ensure_namespace(namespace)
     user = "scheduler-190"
     kube_backend.set_tokens({user: user})
     kc = kube_backend.write_kubeconfig(str(home / "kubeconfig"), token=user, namespace=namespace)
     (home / "template.yaml").write_text(POD_TEMPLATE)
-    url = new_airflow_db(pg_server)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env.update(airflow_db_env(url))
     env.update(
@@ -77,7 +74,18 @@ def foreign_pod(kube_backend, pg_server, metadata_db, tmp_path_factory):
                           timeout=300, cwd=str(home))
     lines = [x for x in done.stdout.splitlines() if x.startswith("FOREIGN=")]
     assert done.returncode == 0 and lines, (done.stdout[-3000:], done.stderr[-3000:])
-    found = json.loads(lines[0].split("=", 1)[1])
+    return json.loads(lines[0].split("=", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def foreign_pod(kube_backend, pg_server, metadata_db, tmp_path_factory):
+    """The pod a fenced scheduler of ANOTHER deployment created (read back as a manifest)."""
+    from fenced_k8s_lab.postgres import new_airflow_db
+
+    home = tmp_path_factory.mktemp("other_deployment")
+    namespace = f"other-{uuid.uuid4().hex[:6]}"
+    kube_backend.ensure_namespace(namespace)
+    found = _other_deployment(kube_backend, home, namespace, new_airflow_db(pg_server))
     (pod,) = found["pods"]
     meta = pod["metadata"]
     manifest = {
@@ -132,3 +140,72 @@ def test_multi_namespace_sweep_never_deletes_other_deployments_pods(world, forei
         assert sched.executor.sweeper is not None and sched.executor.sweeper.last_report is not None
     assert _exists(world, other, name), f"{kind} deleted another deployment's pod in {other}"
     assert world.deletes_by(sched) == []
+
+
+# --- two deployments behind one proxy address (issue 35, item 4) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def behind_one_address(pg_server, metadata_db, tmp_path_factory):
+    """Our metadata database and another deployment's, of the same name on two PostgreSQL servers
+    (each its own ``initdb``: its own system identifier), reached through ONE proxy address: user
+    ``alpha`` reaches ours, ``beta`` the other, as two deployments' Cloud SQL Auth Proxy or pgbouncer
+    sidecars both answer at ``127.0.0.1:5432``."""
+    from fenced_k8s_lab.pgproxy import UserRoutingProxy
+    from fenced_k8s_lab.postgres import TEMPLATE_DB, PostgresServer, _bin
+
+    name = metadata_db.url.database
+    other = PostgresServer().start()
+    try:
+        dump = tmp_path_factory.mktemp("schema") / "airflow.dump"
+        subprocess.run([_bin("pg_dump"), "-h", "127.0.0.1", "-p", str(pg_server.port), "-U", "postgres", "-Fc",
+                        "-f", str(dump), TEMPLATE_DB], check=True, capture_output=True)
+        other.execute(f'CREATE DATABASE "{name}"')
+        subprocess.run([_bin("pg_restore"), "-h", "127.0.0.1", "-p", str(other.port), "-U", "postgres",
+                        "--no-owner", "-d", name, str(dump)], check=True, capture_output=True)
+        pg_server.execute("DO $$ BEGIN CREATE ROLE alpha SUPERUSER LOGIN; EXCEPTION WHEN duplicate_object THEN"
+                          " NULL; END $$")
+        other.execute("CREATE ROLE beta SUPERUSER LOGIN")
+        # Its scheduler jobs are numbered apart from ours: a job id both databases hold would make a
+        # peer's pod look like one's own, which no fence re-checks, whatever its deployment id.
+        other.execute("ALTER SEQUENCE job_id_seq RESTART WITH 100000", database=name)
+        with UserRoutingProxy({"alpha": ("127.0.0.1", pg_server.port), "beta": ("127.0.0.1", other.port)}) as proxy:
+            yield proxy, name
+    finally:
+        other.stop()
+
+
+def test_two_databases_behind_one_address_get_two_deployment_ids(behind_one_address):
+    import sqlalchemy as sa
+
+    from airflow import settings
+
+    from fenced_k8s_executor import config, deployment
+
+    proxy, name = behind_one_address
+    ours, theirs = proxy.url("alpha", name), proxy.url("beta", name)
+    assert deployment.address_id(ours) == deployment.address_id(theirs)  # what 0.1.0 derived: one id for both
+    engines = [sa.create_engine(url, poolclass=sa.pool.NullPool) for url in (ours, theirs)]
+    try:
+        a, b = (deployment.resolve(config.FencedConfig(), engine) for engine in engines)
+    finally:
+        for engine in engines:
+            engine.dispose()
+    assert a.id != b.id and a.source == b.source == deployment.DATABASE
+    assert deployment.resolve(config.FencedConfig(), settings.engine).id == a.id  # the database, any address
+
+
+def test_a_deployment_behind_the_same_proxy_address_never_deletes_the_others_current_pod(
+        world, behind_one_address, tmp_path):
+    """Before: both deployments derived ``db-<hash of 127.0.0.1:port/name>``; ours took the other's
+    current Pending pod for one of its own whose task is gone, and deleted it within its first loops."""
+    proxy, name = behind_one_address
+    found = _other_deployment(world.backend, tmp_path, world.namespace, proxy.url("beta", name))
+    (pod,) = found["pods"]
+    theirs = pod["metadata"]["name"]
+    ours = world.scheduler_process("fenced", hostname="ours-behind-the-proxy",
+                                   env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": proxy.url("alpha", name)})
+    time.sleep(3.0)  # loops of ours: each re-checks this deployment's pods in flight
+    ours.kill()
+    assert _exists(world, world.namespace, theirs), "our scheduler deleted the other deployment's current pod"
+    assert [d for d in world.deletes_by(ours.user) if d.get("name") == theirs] == []
