@@ -19,7 +19,7 @@ from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils impor
     KubernetesJobWatcher,
 )
 
-from fenced_k8s_executor import compat, config, deployment, guards, metrics, pods, stamp, verdicts
+from fenced_k8s_executor import compat, config, deployment, guards, ledger, metrics, pods, stamp, verdicts
 from fenced_k8s_executor.fences.common import FAILED, QUEUED, Loop, workload_of
 from fenced_k8s_executor.fences.creation import CreationFence
 from fenced_k8s_executor.fences.events import EventFence
@@ -30,7 +30,7 @@ from fenced_k8s_executor.launch import LaunchIdentity, as_token, pod_name
 from fenced_k8s_executor.launches import LaunchBook
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import TOKEN_LABEL
-from fenced_k8s_executor.pending import PendingPods
+from fenced_k8s_executor.in_flight import InFlightPods
 from fenced_k8s_executor.stock_identity import StockMetricIdentity
 from fenced_k8s_executor.sweep import Sweeper
 from fenced_k8s_executor.watching import install_resilient_watchers
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fenced_k8s_executor")
 
 
-#: Seconds ``start()`` waits for the first list of this deployment's Pending pods; past that the
+#: Seconds ``start()`` waits for the first list of this deployment's pods in flight; past that the
 #: scheduler starts anyway and the picture fills in when the API answers.
-PENDING_LIST_WAIT = 30.0
+IN_FLIGHT_LIST_WAIT = 30.0
 
 
 class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, EventFence, InFlightFence,
@@ -59,12 +59,13 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         self.fence: config.FencedConfig | None = None
         self.deployment: str | None = None
         self.sweeper: Sweeper | None = None
-        self.pending_pods: PendingPods | None = None  # this deployment's Pending pods, any scheduler's
+        self.in_flight_pods: InFlightPods | None = None  # this deployment's unfinished pods, any scheduler's
         self.book = LaunchBook()  # every launch this scheduler has in flight, and its pods
+        self._reads = ledger.InFlightReads()  # the loop's one statement (remembers vanished TI ids)
+        self._flying = None  # the launches in flight as last built (fences.inflight.InFlight)
         self._loop_state: Loop | None = None  # what this loop's fences read and decided
         self._carry: deque[KubernetesJob] = deque()  # fenced batch jobs not reached last loop
         self._claim_lifetime = 600.0
-        self._handover_after = 10.0  # seconds without a heartbeat after which a peer's launches are re-checked here
         self._adopting: dict = {}  # key -> TI, during try_adopt_task_instances
         self._queued_batch: list | None = None  # (key, workload) queued by this trigger_tasks
 
@@ -74,23 +75,49 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         if SUPPORT.warning:  # where operators read the scheduler's start-up
             log.warning(SUPPORT.warning)
         self.fence = config.load(self.conf)
-        self.deployment = self._resolve_deployment()
         from airflow.configuration import conf
 
         self._claim_lifetime = conf.getfloat("scheduler", "task_queued_timeout")
-        self._handover_after = handover_after(conf.getfloat("scheduler", "scheduler_heartbeat_sec"),
-                                              conf.getfloat("scheduler", "scheduler_health_check_threshold"))
+        self.deployment = self._resolve_deployment()
         super().start()
         install_resilient_watchers(self.kube_scheduler)
         if self.fence.mode is not config.Mode.OFF:
             self._stamp_built_pods()
-        if self.fence.fencing:
-            self.pending_pods = PendingPods(self.kube_client, self._namespaces(), self.deployment,
-                                            request_args=self.kube_config.kube_client_request_args)
-            if not self.pending_pods.start(wait=PENDING_LIST_WAIT):
-                log.warning("fenced_k8s_executor started before this deployment's Pending pods could be listed: "
-                            "they are re-checked once the API answers")
-        if self.fence.fencing and self.fence.sweep_interval > 0:
+        if self.deployment is not None:
+            self._start_watching()
+        log.info("fenced_k8s_executor started mode=%s sweep_interval=%s deployment=%s", self.fence.mode.value,
+                 self.fence.sweep_interval, self.deployment or "- (the metadata DB did not answer yet)")
+
+    def _resolve_deployment(self) -> str | None:
+        """This deployment's id (``deployment.resolve``), or None while the metadata DB cannot be read:
+        a DB error never stops the scheduler. Until it is known, pods go out without the deployment
+        stamp (so no fence ever deletes them, the safe direction) and nothing is deleted. A
+        configuration that cannot name this deployment stops the start (FencedConfigError)."""
+        try:
+            found = deployment.resolve(self.fence, attempts=1)
+        except config.FencedConfigError:
+            raise
+        except Exception as error:
+            log.warning("fenced_k8s_executor cannot read the metadata DB's identity yet, deletes wait for it: %r",
+                        error)
+            metrics.incr("deployment.unresolved")
+            return None
+        if found.address_id and found.address_id != found.id:
+            log.info("fenced_k8s_executor deployment=%s (%s); pods stamped %s by 0.1.0 (derived from the DB address) "
+                     "are not this id's and are never deleted by a fence", found.id, found.source, found.address_id)
+        return found.id
+
+    def _start_watching(self) -> None:
+        """The deployment-wide watch of pods in flight and the backstop sweep: both select this
+        deployment's pods by its id."""
+        if not self.fence.fencing:
+            return
+        self.in_flight_pods = InFlightPods(self.kube_client, self._namespaces(), self.deployment,
+                                           request_args=self.kube_config.kube_client_request_args)
+        if not self.in_flight_pods.start(wait=IN_FLIGHT_LIST_WAIT):
+            log.warning("fenced_k8s_executor started before this deployment's pods in flight could be listed: "
+                        "they are re-checked once the API answers")
+        if self.fence.sweep_interval > 0:
             self.sweeper = Sweeper(
                 kube_client=self.kube_client,
                 namespaces=self._namespaces(),
@@ -101,19 +128,18 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
                 request_args=self.kube_config.kube_client_request_args,
                 on_stale=lambda ref: self.book.remember(ref.name, ref.launch),
             )
-        log.info("fenced_k8s_executor started mode=%s sweep_interval=%s deployment=%s", self.fence.mode.value,
-                 self.fence.sweep_interval, self.deployment)
 
-    def _resolve_deployment(self) -> str:
-        found = deployment.resolve(self.fence)
-        if found.address_id and found.address_id != found.id:
-            log.info("fenced_k8s_executor deployment=%s (%s); pods stamped %s by 0.1.0 (derived from the DB address) "
-                     "are not this id's and are never deleted by a fence", found.id, found.source, found.address_id)
-        return found.id
+    def _await_deployment(self) -> None:
+        """A deployment id the start could not read: tried again once per loop."""
+        if self.deployment is None and self.fence is not None and self.fence.mode is not config.Mode.OFF:
+            self.deployment = self._resolve_deployment()
+            if self.deployment is not None:
+                log.info("fenced_k8s_executor deployment=%s: fences act from this loop on", self.deployment)
+                self._start_watching()
 
     def end(self) -> None:
-        if self.pending_pods is not None:
-            self.pending_pods.stop()
+        if self.in_flight_pods is not None:
+            self.in_flight_pods.stop()
         if self.task_queue is not None:
             for job in self._carry:  # hand unreached jobs back so the provider flushes them
                 self.task_queue.put(job)
@@ -124,6 +150,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         """Guard, fence, stock: what an API error postponed goes first; the fenced loop (one DB read
         for every fence of the loop, the in-flight reconcile) wraps the provider's sync; an API
         error ends this loop early, never the scheduler."""
+        self._await_deployment()
         self._resume_postponed()
         with guards.reporting_api_errors("sync"):
             with self._fenced_loop():
@@ -354,14 +381,6 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
                 self._delete_launch_pod(name, namespace, launch, "finished", verdict, None)
         else:
             self.kube_scheduler.patch_pod_executor_done(pod_name=name, namespace=namespace)
-
-
-def handover_after(heartbeat_sec: float, health_check_threshold: float) -> float:
-    """Seconds without a heartbeat after which this scheduler re-checks a peer's launches in
-    flight: two heartbeats missed (a stopping scheduler stops heartbeating at once), and never
-    later than airflow-core itself calls a scheduler dead. Taking a live peer for stopped costs a
-    second look at its launches, never a wrong delete."""
-    return max(1.0, min(2.0 * heartbeat_sec, health_check_threshold))
 
 
 #: The provider's classes, not our overrides: refuses what the fences cannot work with, warns on an

@@ -179,6 +179,26 @@ class ApiGuard:
         report("adoption", failure, then=f"{len(self._pending_adoption)} TIs adopted, pods relabelled next loop")
         return to_reset
 
+    def _launch_unresolved(self, orphans: list[_Orphan]) -> int:
+        """Adopted TIs no pod was found for, once their pods could be listed: those still QUEUED
+        here under the same token are launched here (``_adopt_by_launching``), as adoption does when
+        the list succeeds at once; the others are left to stuck-in-queued. Returns how many."""
+        from sqlalchemy import select
+
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+
+        ids = [o.id for o in orphans if o.external_executor_id]
+        if not ids:
+            return 0
+        launched = 0
+        with create_session(scoped=False) as session:
+            for ti in session.scalars(select(TaskInstance).where(TaskInstance.id.in_(ids))):
+                token = next(o.external_executor_id for o in orphans if o.id == str(ti.id))
+                if ti.external_executor_id == token and ti.queued_by_job_id == self._scheduler_job_int():
+                    launched += bool(self._adopt_by_launching(ti))
+        return launched
+
     def _finish_adoption(self) -> None:
         """Relabel the pods of TIs adopted while their dead scheduler's pods could not be listed."""
         from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import POD_EXECUTOR_DONE_KEY
@@ -206,9 +226,10 @@ class ApiGuard:
                 self._adopting = adopting
             for key in orphans:
                 self._pending_adoption.pop(key, None)
-            unresolved = [key for key in orphans if key not in self.running]
-            if unresolved:
-                metrics.incr("adoption.unresolved", count=len(unresolved))
+            unresolved = [o for key, o in orphans.items() if key not in self.running]
+            launched = self._launch_unresolved(unresolved) if self._enforcing else 0
+            if len(unresolved) > launched:
+                metrics.incr("adoption.unresolved", count=len(unresolved) - launched)
                 log.warning("fenced_k8s_executor adoption: no pod found for %d TIs of scheduler %s "
-                            "(left to stuck-in-queued and task heartbeats)", len(unresolved), job_id)
+                            "(left to stuck-in-queued and task heartbeats)", len(unresolved) - launched, job_id)
             self._last_completed_pod_adoption = float("-inf")  # its finished pods: next loop

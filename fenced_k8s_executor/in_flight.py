@@ -1,17 +1,20 @@
-"""This deployment's Pending pods, whichever scheduler process created them.
+"""This deployment's pods in flight (Pending or Running), whichever scheduler process created them.
 
-What one scheduler knows of its launches in flight (the LaunchBook) dies with its process, and
-a stopping scheduler stops looping well before it exits. So every fenced scheduler also keeps
-this picture: one metadata-only list per namespace at start, then a watch, of the pods this
-deployment launched (token and deployment labels) that are still Pending. Each loop the
-executor re-checks the ones whose creating scheduler is not running (``ledger.read_with_peers``),
-so a superseded pod dies within one loop of a live scheduler, whoever created it.
+What one scheduler knows of its launches (the LaunchBook) dies with its process; a peer whose
+API calls fail cannot delete its own stale pods, and the provider's watcher (10.25) reports
+nothing when a pod starts. So every fenced scheduler keeps this picture: one metadata-only list
+per namespace at start, then a watch, of the unfinished pods this deployment launched (token and
+deployment labels). Each loop it re-checks every one of them (``ledger.InFlightReads``), so a
+superseded launch's pod dies within one loop of any live scheduler that can reach the API,
+whoever created it and whatever state that creator is in.
 
-Pending only (the field selector): a pod leaves the picture when it starts, finishes or is
-deleted (the API server sends DELETED for an object that stops matching a watch), so memory is
-bounded by the pods in flight. Like a client-go reflector it resumes a broken watch from the
-last resourceVersion and lists again after a 410. The picture only feeds verdicts: an API error
-here deletes nothing, and a scheduler starts even when the first list fails (it keeps trying).
+Unfinished only (the field selector): a pod leaves the picture when it finishes or is deleted
+(the API server sends DELETED for an object that stops matching a watch), so memory is bounded
+by the pods in flight. Like a client-go reflector it resumes a broken watch from the last
+resourceVersion and lists again after a 410. The picture only feeds verdicts: an API error here
+deletes nothing, and a scheduler starts even when the first list fails (it keeps trying). A pod
+whose identity cannot be put to the database (``LaunchIdentity.malformed``) stays in the picture
+but is never offered: one warning and one metric, that pod alone.
 """
 
 from __future__ import annotations
@@ -27,11 +30,17 @@ from fenced_k8s_executor.names import DEPLOYMENT_LABEL, TOKEN_LABEL
 
 log = logging.getLogger("fenced_k8s_executor")
 
-FIELD_SELECTOR = "status.phase=Pending"
+FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 #: Seconds a watch request lasts before it is renewed (the server ends it; bookmarks keep its version fresh).
 WATCH_SECONDS = 300
 #: Seconds between attempts after an API error (doubling up to the maximum).
 BACKOFF_START, BACKOFF_MAX = 0.5, 15.0
+#: A watch the server (or a proxy) ends sooner than this, with nothing in it, is an error for the
+#: back-off: a proxy answering every watch with an empty body would otherwise spin this thread.
+SHORT_WATCH = 1.0
+#: Seconds ``stop`` waits for all the threads together: the scheduler's exit (``end()``) must fit
+#: the chart's 10 s grace with time to spare; the threads are daemons either way.
+STOP_WAIT = 2.0
 PAGE_SIZE = 1000
 
 
@@ -39,7 +48,7 @@ def label_selector(deployment: str) -> str:
     return f"kubernetes_executor=True,{TOKEN_LABEL},{DEPLOYMENT_LABEL}={deployment}"
 
 
-class PendingView:
+class InFlightView:
     """The picture itself: (namespace, name) -> PodRef per watched namespace. Plain data, thread-safe.
 
     ``settle`` marks a pod decided (deleted, or reported in audit) so that later loops skip it
@@ -49,10 +58,12 @@ class PendingView:
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], pods.PodRef] = {}
         self._settled: set[str] = set()
+        self.version = 0  # bumped by every change: what the loop built from the picture is reused until then
 
     def replace(self, namespace: str | None, refs: Iterable[pods.PodRef]) -> None:
         """A fresh list of ``namespace`` (None: every namespace) replaces what was known of it."""
         with self._lock:
+            self.version += 1
             for key in [k for k in self._pods if namespace is None or k[0] == namespace]:
                 self._drop(key)
             for ref in refs:
@@ -62,6 +73,7 @@ class PendingView:
         """One watch event: ADDED / MODIFIED keep the pod's latest metadata, DELETED drops it."""
         key = (ref.namespace, ref.name)
         with self._lock:
+            self.version += 1
             if kind == "DELETED":
                 self._drop(key)
                 return
@@ -74,12 +86,18 @@ class PendingView:
         with self._lock:
             if ref.uid and (ref.namespace, ref.name) in self._pods:
                 self._settled.add(ref.uid)
+                self.version += 1
 
     def unsettled(self) -> list[pods.PodRef]:
-        """Pods with a launch identity, not terminating and not yet decided."""
+        """Pods with a usable launch identity, not terminating and not yet decided."""
         with self._lock:
             return [ref for ref in self._pods.values()
-                    if ref.launch is not None and not ref.deleting and ref.uid not in self._settled]
+                    if ref.launch is not None and not ref.deleting and ref.uid not in self._settled
+                    and ref.launch.task is not None]
+
+    def has(self, namespace: str, name: str) -> bool:
+        with self._lock:
+            return (namespace, name) in self._pods
 
     def __len__(self) -> int:
         with self._lock:
@@ -91,12 +109,12 @@ class PendingView:
             self._settled.discard(ref.uid)
 
 
-class PendingPods:
-    """Keeps a PendingView current: one list, then a watch, per namespace, each in a daemon thread."""
+class InFlightPods:
+    """Keeps an InFlightView current: one list, then a watch, per namespace, each in a daemon thread."""
 
     def __init__(self, kube_client: Any, namespaces: Iterable[str | None], deployment: str,
                  request_args: dict | None = None, page_size: int = PAGE_SIZE):
-        self.view = PendingView()
+        self.view = InFlightView()
         self._kube_client = kube_client
         self._namespaces = list(namespaces)
         self._selector = label_selector(deployment)
@@ -109,6 +127,7 @@ class PendingPods:
         self._threads: list[threading.Thread] = []
         self.lists = 0
         self.errors = 0
+        self._warned: set[str] = set()  # uids of malformed pods already reported
 
     def start(self, wait: float) -> bool:
         """Start watching; wait for every namespace's first list attempt, at most ``wait``
@@ -126,11 +145,14 @@ class PendingPods:
         return all(listed.is_set() for listed in self._listed.values())
 
     def stop(self) -> None:
+        """Stop every thread, waiting ``STOP_WAIT`` seconds for all of them together (a thread stuck
+        in a list during an API outage is a daemon: it does not hold the process)."""
         self._stop.set()
         for response in list(self._responses.values()):
             _interrupt(response)
+        deadline = time.monotonic() + STOP_WAIT
         for thread in self._threads:
-            thread.join(timeout=2)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def refs(self) -> list[pods.PodRef]:
         return self.view.unsettled()
@@ -144,7 +166,10 @@ class PendingPods:
             try:
                 if version is None:
                     version = self._list(namespace)
-                version = self._watch(namespace, version)
+                started = time.monotonic()
+                version, events = self._watch(namespace, version)
+                if not events and time.monotonic() - started < SHORT_WATCH:
+                    raise EOFError("the watch ended at once with no event")
                 backoff = BACKOFF_START
             except pods.Expired:
                 metrics.incr("pending_watch.gone")
@@ -166,16 +191,18 @@ class PendingPods:
         refs, version = pods.list_with_version(self._kube_client, namespace, label_selector=self._selector,
                                                field_selector=FIELD_SELECTOR, page_size=self._page_size,
                                                request_args=self._args)
+        self._check(refs)
         self.view.replace(namespace, refs)
         self.lists += 1
         self._listed[namespace].set()
         self._tried[namespace].set()
-        log.info("fenced_k8s_executor pending pods of this deployment in %s: %d listed at resourceVersion %s",
+        log.info("fenced_k8s_executor pods in flight of this deployment in %s: %d listed at resourceVersion %s",
                  namespace or "all namespaces", len(refs), version)
         return version
 
-    def _watch(self, namespace: str | None, version: str | None) -> str | None:
-        """One watch request, applied event by event; returns the version to resume from."""
+    def _watch(self, namespace: str | None, version: str | None) -> tuple[str | None, int]:
+        """One watch request, applied event by event; returns the version to resume from and how
+        many events (bookmarks included) it brought."""
         connect = self._args["_request_timeout"]
         connect = connect[0] if isinstance(connect, (tuple, list)) else connect
         args = {**self._args, "_request_timeout": (connect, WATCH_SECONDS + 30)}
@@ -183,16 +210,32 @@ class PendingPods:
                                  field_selector=FIELD_SELECTOR, resource_version=version or "",
                                  timeout_seconds=WATCH_SECONDS, request_args=args,
                                  on_response=lambda r: self._responses.__setitem__(namespace, r))
+        seen = 0
         try:
             for kind, ref, event_version in events:
+                seen += 1
                 if self._stop.is_set():
                     break
                 if ref is not None:
+                    if kind != "DELETED":
+                        self._check([ref])
                     self.view.apply(kind, ref)
                 version = event_version or version
         finally:
             self._responses.pop(namespace, None)
-        return version
+        return version, seen
+
+    def _check(self, refs: Iterable[pods.PodRef]) -> None:
+        """One warning and one metric per malformed pod of this deployment (it is never offered)."""
+        for ref in refs:
+            why = ref.launch.malformed if ref.launch is not None else None
+            if why and ref.uid not in self._warned:
+                if len(self._warned) > 10_000:
+                    self._warned.clear()
+                self._warned.add(ref.uid)
+                metrics.incr("pod.malformed", {"reason": why.split(" ")[0]})
+                log.warning("fenced_k8s_executor pod %s/%s is never fenced: its launch identity cannot be read (%s)",
+                            ref.namespace, ref.name, why)
 
 
 def _interrupt(response: Any) -> None:

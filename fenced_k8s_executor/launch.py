@@ -85,10 +85,25 @@ class LaunchIdentity:
 
     @functools.cached_property
     def task(self) -> TaskKey | None:
-        """The task this launch is for, or None when the pod does not say (legacy pods)."""
-        if not (self.dag_id and self.task_id and self.run_id) or self.map_index is None:
+        """The task this launch is for, or None when the pod does not say, or says it in a way no
+        row could match (``malformed``): such a launch names no task and is never fenced."""
+        if not (self.dag_id and self.task_id and self.run_id) or self.map_index is None or self.malformed:
             return None
         return (self.dag_id, self.task_id, self.run_id, int(self.map_index))
+
+    @functools.cached_property
+    def malformed(self) -> str | None:
+        """Why this identity cannot be put to the database as it is, or None. The loop reads every
+        launch in flight in one statement, so one pod's bad annotation must cost that pod alone
+        (it is skipped), never the statement: a TI id that is no UUID, a NUL in a text field (which
+        PostgreSQL refuses), a map index beyond a 32-bit integer."""
+        if _uuid(self.ti_id) is None:
+            return "ti_id is not a UUID"
+        if any("\x00" in (value or "") for value in (self.dag_id, self.task_id, self.run_id)):
+            return "task key holds a NUL character (dag_id, task_id or run_id)"
+        if self.map_index is not None and not -(2**31) <= int(self.map_index) < 2**31:
+            return "map_index out of range"
+        return None
 
     def annotations(self) -> dict[str, str]:
         data = {TI_ID_ANNOTATION: self.ti_id, TRY_NUMBER_ANNOTATION: str(self.try_number)}
@@ -122,16 +137,31 @@ class TaskRow:
     task_id: str | None = None
     run_id: str | None = None
     map_index: int = -1
+    hostname: str | None = None  # where the task last ran (``/run`` writes it; a pod's name in a pod)
 
     @property
     def token(self) -> str | None:
         return as_token(self.external_executor_id)
+
+    def runs_on(self, pod: str | None) -> bool:
+        """Does the row name ``pod`` as the host the task last ran on (its name, or an FQDN of it)?
+        Kept until the next ``/run``: a pod that ran the task and is finishing (log upload,
+        callbacks) while its next launch waits is still the row's host."""
+        host = (self.hostname or "").lower()
+        return bool(pod and host) and (host == pod.lower() or host.startswith(pod.lower() + "."))
 
     @property
     def task(self) -> TaskKey | None:
         if not (self.dag_id and self.task_id and self.run_id):
             return None
         return (self.dag_id, self.task_id, self.run_id, int(self.map_index))
+
+
+def _uuid(value: object) -> str | None:
+    try:
+        return str(uuid.UUID(str(value)))
+    except (TypeError, ValueError):
+        return None
 
 
 def _int(value: object, default: int) -> int:

@@ -6,8 +6,8 @@ Every fence path asks the book instead of keeping state of its own:
   keep resolving for their late events without a pod read);
 - which launch holds an executor key's slot (``running`` / ``pod_launch_attempts``): a swallowed
   event releases the slot only when its own launch holds it, never a newer launch's;
-- which launches were created and have not reported Running yet: the per-loop reconcile re-checks
-  exactly these (a Pending pod emits no events, so nothing else would look at it).
+- which pods it created that the deployment-wide watch has not shown yet: the per-loop reconcile
+  re-checks them with every pod the watch shows (a Pending pod emits no events).
 
 Plain Python, no Airflow or Kubernetes imports; thread-safe because the sweep thread records
 what it finds here too. Memory is bounded by the launches in flight plus ``memory`` pod names.
@@ -44,6 +44,7 @@ class LaunchBook:
         self._pods: OrderedDict[str, LaunchIdentity] = OrderedDict()
         self._holders: dict[Hashable, str] = {}  # key -> token of the launch holding its slot
         self._pending: dict[str, Pending] = {}
+        self.pending_version = 0  # bumped whenever the pending launches change
 
     # ------------------------------------------------------------ recording
 
@@ -60,6 +61,7 @@ class LaunchBook:
         with self._lock:
             self._remember(name, launch)
             self._pending[name] = Pending(name, namespace, key, launch)
+            self.pending_version += 1
 
     def adopted(self, key: Hashable, name: str, launch: LaunchIdentity) -> None:
         with self._lock:
@@ -78,10 +80,15 @@ class LaunchBook:
     def observed(self, name: str) -> None:
         """The pod reported Running or a terminal state: no longer pending."""
         with self._lock:
-            self._pending.pop(name, None)
+            if self._pending.pop(name, None) is not None:
+                self.pending_version += 1
 
     def fenced(self, name: str) -> None:
         """The pod was deleted as stale: nothing more to re-check."""
+        self.observed(name)
+
+    def watched(self, name: str) -> None:
+        """The deployment-wide watch has seen the pod: it is re-checked from there until it finishes."""
         self.observed(name)
 
     # ------------------------------------------------------------ questions
@@ -98,6 +105,16 @@ class LaunchBook:
         """Token of the launch holding ``key``'s slot ("" for a legacy launch), None if none."""
         with self._lock:
             return self._holders.get(key)
+
+    def key_held_by(self, launch: LaunchIdentity) -> Hashable | None:
+        """The executor key whose slot ``launch`` holds here, if any (a pod of this scheduler's own
+        launch, or one it adopted, deleted by the reconcile: the provider reports nothing for a
+        Pending pod that is deleted, so the slot is freed here). Scans: called per delete only."""
+        token = as_token(launch.token)
+        if not token:
+            return None
+        with self._lock:
+            return next((key for key, holder in self._holders.items() if holder == token), None)
 
     def holds(self, key: Hashable, launch: LaunchIdentity | None) -> bool:
         """True when ``launch`` (or nobody known) holds ``key``: its discard may release the slot."""
@@ -120,8 +137,8 @@ class LaunchBook:
         """Forget the holders of keys that left ``running`` by any path (revoke, fail, adoption).
 
         Pending launches stay: a revoked launch's pod may still exist (its delete failed, or its
-        create was in flight), and the reconcile must still see it. A pending launch leaves when
-        its pod reports, is fenced, or its row shows it ran (``observed``)."""
+        create was in flight), and the reconcile must still see it. A pending launch leaves only on
+        evidence from its pod: it reported, was fenced, or the deployment-wide watch has it."""
         live = set(running)
         with self._lock:
             for key in [k for k in self._holders if k not in live]:

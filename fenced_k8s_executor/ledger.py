@@ -1,138 +1,149 @@
-"""The DB reads the verdicts need: one batched query per batch of tasks.
+"""The DB reads the verdicts need: one statement per scheduler loop.
 
 Rows are found by task (dag_id, task_id, run_id, map_index: the unique key every TI row keeps
-across clears and retries), not by row id: a clear or a retry gives the row a new id, and only
-the token then says whether a pod is still the task's current launch.
+across clears and retries), not by row id, whenever a fence needs the row itself: a clear or a
+retry gives the row a new id, and only the token then says whether a pod is still the task's
+current launch.
+
+The launches in flight are asked differently (``InFlightReads``): every loop re-checks every one
+of them, so the statement must cost the launches that did not change (nearly all of them) as
+little as possible. It sends one ``uuid[]`` of their TI ids and one array of their tokens, probes
+the primary key, and returns only what changed: a row that names another token (or none), and
+the ids that vanished (a clear, a retry or a reset gave the task a new id). From the next loop on,
+a launch whose id vanished is asked by its task key, in the same statement.
 
 Always an independent connection (never the scoped session): the executor's hooks may run inside
-the scheduler's own transaction, whose row locks must not be committed or released early.
-
-On PostgreSQL the read is one constant statement with array parameters, handed to the driver as
-is: the scheduler pays it on every loop with launches in flight, and building and compiling a
-SQLAlchemy ``IN`` of N tuples cost more than the query itself; it matches the exact tasks, where
-a runs x task ids predicate returned 34,000 rows for 500 tasks spread over 127 runs (a sweep page
-or the launches in flight of a busy scheduler). Other databases get that predicate through
-SQLAlchemy.
+the scheduler's own transaction, whose row locks must not be committed or released early. On
+PostgreSQL the statements are constant, with array parameters handed to the driver as is.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Iterable
 
-from fenced_k8s_executor.launch import TaskKey, TaskRow
+from fenced_k8s_executor.launch import LaunchIdentity, TaskKey, TaskRow
 
 #: Round trips made by this process (read by the benchmark; cheap to keep).
 ROUND_TRIPS = 0
 
 _COLUMNS = ("id", "state", "try_number", "queued_by_job_id", "external_executor_id", "dag_id", "task_id", "run_id",
-            "map_index")
+            "map_index", "hostname")
+_KEY = ("dag_id", "task_id", "run_id", "map_index")
 
 
 def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
     """Current rows of the given tasks, keyed by task; tasks absent from the result have no row.
 
-    PostgreSQL: the exact tasks, joined on the unique (dag_id, task_id, run_id, map_index) index,
-    one probe per task. Elsewhere: ``(dag_id, run_id) IN (...) AND task_id IN (...)``, filtered
-    to the exact tasks here. Runs on a plain connection (no ORM unit of work), in autocommit on
-    PostgreSQL (one statement, its own snapshot).
-
     Raises on DB errors: callers treat an error as "no evidence", never as "gone".
     """
-    global ROUND_TRIPS
-    from airflow import settings
-
-    wanted = {tuple(task) for task in tasks if task is not None}
-    if not wanted:
-        return {}
-    engine = settings.engine
-    ROUND_TRIPS += 1
-    if engine.dialect.name == "postgresql":
-        rows = _read_postgresql(engine, sorted(wanted))
-    else:
-        rows = _read_portable(engine, wanted)
-    return _rows_of(rows, wanted)
+    return InFlightReads().read(tasks, ()).rows
 
 
 @dataclass(frozen=True)
 class Reading:
-    """One read of a loop: our tasks' rows, the peers' launches whose row no longer names them, and
-    which of the asked-about schedulers are running."""
+    """One read of a loop: the rows of the tasks asked for, and the launches in flight whose task's
+    row does not name their token."""
 
-    rows: dict[TaskKey, TaskRow]  # every task asked for as ours (absent: no row)
-    superseded: dict[tuple[TaskKey, str], TaskRow | None]  # (task, token) of a peer's launch -> its row (None: gone)
-    running: frozenset[int]
+    rows: dict[TaskKey, TaskRow]  # every task asked for (absent: no row)
+    changed: dict[str, TaskRow | None]  # token of a launch in flight -> its task's row (None: no row)
 
 
-def read_with_peers(tasks: Iterable[TaskKey | None], peers: Iterable[tuple[TaskKey | None, str, int | None]],
-                    alive_since: datetime) -> Reading:
-    """``read_rows(tasks)`` and, in the same statement, the peers' launches in flight that may be
-    stale: those whose creator is not running and whose task's row does not name their token.
+def _array(values: Iterable[str]) -> str:
+    """A PostgreSQL array literal of values that need no quoting (UUIDs): one string, built in
+    microseconds, where a list would be adapted element by element on every loop."""
+    return "{" + ",".join(values) + "}"
 
-    ``peers``: (task, token, creating SchedulerJob id or None) of each launch. A creator is
-    *running* when its job is ``running``, heartbeat after ``alive_since``, and no newer
-    ``running`` scheduler job has the same hostname (a restarted container keeps its pod's
-    hostname: the older process is gone even if its row was never closed). A running creator
-    re-checks its own launches; a launch with no creator id is always looked at. A launch whose
-    row names its token is current and is not returned: in steady state the peers cost the
-    database its index probes and this process nothing per launch. What is returned is the row
-    itself, for the verdicts to judge; only a launch absent from ``superseded`` is taken for
-    current, and only ``running`` says whose launches the caller may skip.
 
-    PostgreSQL: one constant statement (rows and job liveness in one snapshot); elsewhere three
-    (the rows read whole and compared here). Raises on DB errors, as ``read_rows`` does.
+@dataclass(frozen=True)
+class Probe:
+    """The launches in flight as the loop's statement asks about them, built once per change of the
+    set (not per loop): one launch per token, and its TI ids and tokens as PostgreSQL array literals."""
+
+    launches: dict[str, LaunchIdentity]
+    ids: str
+    tokens: str
+
+
+def probe(launches: Iterable[LaunchIdentity]) -> Probe:
+    """Launches without a token or task are left out (legacy, or malformed: never put to the database)."""
+    flying = {launch.token: launch for launch in launches if launch.token and launch.task is not None}
+    return Probe(flying, _array(launch.ti_id for launch in flying.values()), _array(flying))
+
+
+NOTHING = probe(())
+
+
+class InFlightReads:
+    """The loop's reads, remembering across loops which launches' TI ids vanished (asked by task key).
+
+    Only the launches of the last read are remembered, so memory follows the launches in flight.
     """
-    global ROUND_TRIPS
-    from airflow import settings
 
-    own = {tuple(task) for task in tasks if task is not None}
-    asked = {(tuple(task), token, creator) for task, token, creator in peers if task is not None and token}
-    if not asked:
-        return Reading(read_rows(own), {}, frozenset())
-    engine = settings.engine
-    ROUND_TRIPS += 1
-    if engine.dialect.name == "postgresql":
-        return _read_postgresql_with_peers(engine, own, asked, alive_since)
-    return _read_portable_with_peers(engine, own, asked, alive_since)
+    def __init__(self) -> None:
+        self._by_key: set[str] = set()
+
+    def read(self, tasks: Iterable[TaskKey | None], launches: Probe | Iterable[LaunchIdentity] = NOTHING) -> Reading:
+        """Rows of ``tasks``, and each launch of ``launches`` whose task's current row does not name
+        its token (its row, or None when the task has no row). Raises on DB errors."""
+        global ROUND_TRIPS
+        from airflow import settings
+
+        wanted = {tuple(task) for task in tasks if task is not None}
+        asked = launches if isinstance(launches, Probe) else probe(launches)
+        flying = asked.launches
+        if self._by_key:
+            self._by_key &= flying.keys()
+        if not wanted and not flying:
+            return Reading({}, {})
+        engine = settings.engine
+        ROUND_TRIPS += 1
+        if engine.dialect.name != "postgresql":
+            return _read_portable_loop(engine, wanted, flying)
+        by_key = [flying[token] for token in self._by_key]
+        rows, changed, vanished = _read_postgresql_loop(engine, wanted, asked, by_key)
+        vanished -= self._by_key  # asked by id too (the literal is built once), answered by key
+        # A row found by the launch's TI id must be its task's: a pod whose id and annotations
+        # disagree is judged by its own task's row, never by the row its id happens to name.
+        vanished |= {token for token, row in changed.items() if row is not None and row.task != flying[token].task}
+        for token in vanished:
+            changed.pop(token, None)
+        if vanished:  # their ids are gone: ask by task key, now and from the next loop on
+            self._by_key |= vanished
+            ROUND_TRIPS += 1
+            _, found, _ = _read_postgresql_loop(engine, set(), NOTHING, [flying[token] for token in vanished])
+            changed.update(found)
+        return Reading(rows, changed)
 
 
-def _read_portable_with_peers(engine: Any, own: set, asked: set, alive_since: datetime) -> Reading:
-    running = _running_schedulers(engine, {creator for _, _, creator in asked if creator is not None}, alive_since)
-    wanted = own | {task for task, _, _ in asked}
-    rows = _rows_of(_read_portable(engine, wanted), wanted)
-    superseded = {(task, token): rows.get(task) for task, token, creator in asked
-                  if creator not in running and (task not in rows or rows[task].external_executor_id != token)}
-    return Reading({task: row for task, row in rows.items() if task in own}, superseded, running)
+def _read_portable_loop(engine: Any, wanted: set, flying: dict[str, LaunchIdentity]) -> Reading:
+    """Elsewhere than PostgreSQL: every row read by task and compared here."""
+    tasks = wanted | {launch.task for launch in flying.values()}
+    rows = _rows_of(_read_portable(engine, tasks), tasks)
+    changed = {token: rows.get(launch.task) for token, launch in flying.items()
+               if launch.task not in rows or rows[launch.task].external_executor_id != token}
+    return Reading({task: row for task, row in rows.items() if task in wanted}, changed)
 
 
-def _read_postgresql(engine: Any, tasks: list) -> list:
-    dag_ids, task_ids, run_ids, map_indexes = (list(column) for column in zip(*tasks))
-    params = {"dag_ids": dag_ids, "task_ids": task_ids, "run_ids": run_ids, "map_indexes": map_indexes}
-    return _execute(engine, _postgresql_statement(engine), params)
-
-
-def _read_postgresql_with_peers(engine: Any, own: set, asked: set, alive_since: datetime) -> Reading:
-    own_list, peer_list = list(own), list(asked)
-    params: dict[str, Any] = {"since": alive_since,
-                              "peer_jobs": sorted({c for _, _, c in peer_list if c is not None}),
-                              "tokens": [token for _, token, _ in peer_list],
-                              "creators": [creator for _, _, creator in peer_list]}
-    for prefix, tasks in (("", own_list), ("peer_", [t for t, _, _ in peer_list])):
-        columns = list(zip(*tasks)) if tasks else [(), (), (), ()]
+def _read_postgresql_loop(engine: Any, wanted: set, by_id: Probe, by_key: list) -> tuple[dict, dict, set]:
+    """(rows of ``wanted``, changed launches, tokens of launches whose TI id vanished)."""
+    ours = list(zip(*wanted)) if wanted else [(), (), (), ()]
+    keyed = list(zip(*(launch.task for launch in by_key))) if by_key else [(), (), (), ()]
+    params: dict[str, Any] = {"ids": by_id.ids, "tokens": by_id.tokens,
+                              "key_tokens": _array(launch.token for launch in by_key)}
+    for prefix, columns in (("", ours), ("key_", keyed)):
         for name, column in zip(("dag_ids", "task_ids", "run_ids", "map_indexes"), columns):
             params[prefix + name] = list(column)
-    rows, superseded, running = [], {}, set()
-    for kind, *row in _execute(engine, _peers_statement(engine), params):
+    rows, changed, vanished = [], {}, set()
+    for kind, token, *row in _execute(engine, _loop_statement(engine), params):
         if kind == "o":
-            rows.append(row[5:])
-        elif kind == "p":  # (dag_id, task_id, run_id, map_index, token) of the launch, then its row or NULLs
-            task, token, found = (row[0], row[1], row[2], int(row[3])), row[4], row[5:]
-            superseded[(task, token)] = None if found[0] is None else _rows_of([found], {task})[task]
-        else:
-            running.add(int(row[0]))
-    return Reading(_rows_of(rows, own), superseded, frozenset(running))
+            rows.append(row)
+        elif kind == "m":
+            vanished.add(token)
+        elif kind == "k" or token not in changed:  # "s" (by id) or "k" (by key, which wins): the row or NULLs
+            changed[token] = None if row[0] is None else _row(row)
+    return _rows_of(rows, wanted), changed, vanished
 
 
 def _execute(engine: Any, statement: str, params: dict) -> list:
@@ -157,77 +168,45 @@ def _execute(engine: Any, statement: str, params: dict) -> list:
                 dbapi.autocommit = False
 
 
-@functools.lru_cache(maxsize=4)
-def _postgresql_statement(engine: Any) -> str:
-    """The constant statement, with the table named as the metadata (and its schema) name it."""
+def _columns() -> dict[str, Any]:
+    """The model's columns the reads use, by the names the fences know them by."""
     from airflow.models.taskinstance import TaskInstance
 
-    table = engine.dialect.identifier_preparer.format_table(TaskInstance.__table__)
-    # The id as text: the driver would build a uuid.UUID per row only for str() to undo it.
-    columns = ", ".join(f"ti.{TaskInstance.__table__.c[name].name}" + ("::text" if name == "id" else "")
-                        for name in _COLUMNS)
-    return (f"SELECT {columns} FROM {table} AS ti"
-            " JOIN unnest(%(dag_ids)s::varchar[], %(task_ids)s::varchar[], %(run_ids)s::varchar[],"
-            " %(map_indexes)s::integer[]) AS wanted(dag_id, task_id, run_id, map_index)"
-            " ON ti.dag_id = wanted.dag_id AND ti.task_id = wanted.task_id AND ti.run_id = wanted.run_id"
-            " AND ti.map_index = wanted.map_index")
-
-
-#: A running scheduler job whose process is still the newest on its host.
-_RUNNING_JOB = ("{j}.job_type = 'SchedulerJob' AND {j}.state = 'running' AND {j}.latest_heartbeat > %(since)s"
-                " AND NOT EXISTS (SELECT 1 FROM {job} AS newer WHERE newer.job_type = 'SchedulerJob'"
-                " AND newer.state = 'running' AND newer.hostname = {j}.hostname AND newer.id > {j}.id)")
+    return {name: TaskInstance.__table__.c[name] for name in _COLUMNS}
 
 
 @functools.lru_cache(maxsize=4)
-def _peers_statement(engine: Any) -> str:
-    """The loop's statement with peers, three kinds of rows in one snapshot, told apart by the
-    first column: ``o`` our tasks' rows; ``p`` a peer's launch whose creator is not running and
-    whose task's row does not name its token (the launch's key and token, then the row, or NULLs
-    when the task has no row); ``r`` a running creator's job id."""
-    from airflow.jobs.job import Job
+def _loop_statement(engine: Any) -> str:
+    """The loop's one statement: four kinds of rows in one snapshot, told apart by the first column.
+
+    ``o``: rows of the tasks asked for whole; ``s``: a launch (asked by TI id) whose row names
+    another token or none; ``m``: a launch whose TI id no longer exists; ``k``: a launch asked by
+    task key whose task's row names another token, or NULLs when the task has no row. A launch
+    whose row names its token returns nothing: the steady state costs its index probe alone.
+    """
     from airflow.models.taskinstance import TaskInstance
 
     prepare = engine.dialect.identifier_preparer
-    table, job = prepare.format_table(TaskInstance.__table__), prepare.format_table(Job.__table__)
-    c = TaskInstance.__table__.c
-    columns = ", ".join(f"ti.{c[name].name}" + ("::text" if name == "id" else "") for name in _COLUMNS)
-    nulls = lambda n: ", ".join(["NULL"] * n)  # noqa: E731
-    on = (f"ti.{c['dag_id'].name} = {{w}}.dag_id AND ti.{c['task_id'].name} = {{w}}.task_id"
-          f" AND ti.{c['run_id'].name} = {{w}}.run_id AND ti.{c['map_index'].name} = {{w}}.map_index")
+    table = prepare.format_table(TaskInstance.__table__)
+    c = {name: prepare.format_column(column) for name, column in _columns().items()}
+    # The id as text: the driver would build a uuid.UUID per row only for str() to undo it.
+    columns = ", ".join(f"ti.{c[name]}" + ("::text" if name == "id" else "") for name in _COLUMNS)
+    nulls = ", ".join(["NULL"] * len(_COLUMNS))
+    on = " AND ".join(f"ti.{c[name]} = {{w}}.{name}" for name in _KEY)
+    differs = f"ti.{c['external_executor_id']} IS DISTINCT FROM {{w}}.token"
     return (
         "WITH ours AS (SELECT * FROM unnest(%(dag_ids)s::varchar[], %(task_ids)s::varchar[], %(run_ids)s::varchar[],"
         " %(map_indexes)s::integer[]) AS w(dag_id, task_id, run_id, map_index)),"
-        " peers AS (SELECT * FROM unnest(%(peer_dag_ids)s::varchar[], %(peer_task_ids)s::varchar[],"
-        " %(peer_run_ids)s::varchar[], %(peer_map_indexes)s::integer[], %(tokens)s::varchar[], %(creators)s::integer[])"
-        " AS p(dag_id, task_id, run_id, map_index, token, creator)),"
-        f" running AS (SELECT j.id FROM {job} AS j WHERE j.id = ANY(%(peer_jobs)s::integer[])"
-        f" AND {_RUNNING_JOB.format(j='j', job=job)})"
-        f" SELECT 'o', {nulls(5)}, {columns} FROM {table} AS ti JOIN ours ON {on.format(w='ours')}"
-        f" UNION ALL SELECT 'p', peers.dag_id, peers.task_id, peers.run_id, peers.map_index::text, peers.token, {columns}"
-        f" FROM peers LEFT JOIN {table} AS ti ON {on.format(w='peers')}"
-        f" WHERE (peers.creator IS NULL OR peers.creator NOT IN (SELECT id FROM running))"
-        f" AND (ti.{c['id'].name} IS NULL OR ti.{c['external_executor_id'].name} IS DISTINCT FROM peers.token)"
-        f" UNION ALL SELECT 'r', running.id::text, {nulls(4 + len(_COLUMNS))} FROM running")
-
-
-def _running_schedulers(engine: Any, creators: set, alive_since: datetime) -> frozenset:
-    """Which of ``creators`` are running (as ``_RUNNING_JOB`` says), on databases other than PostgreSQL."""
-    from sqlalchemy import and_, exists, select
-    from sqlalchemy.orm import aliased
-
-    from airflow.jobs.job import Job
-
-    if not creators:
-        return frozenset()
-    newer = aliased(Job)
-    query = select(Job.id).where(
-        Job.id.in_(sorted(creators)), Job.job_type == "SchedulerJob", Job.state == "running",
-        Job.latest_heartbeat > alive_since,
-        ~exists().where(and_(newer.job_type == "SchedulerJob", newer.state == "running",
-                             newer.hostname == Job.hostname, newer.id > Job.id)))
-    with engine.connect() as conn:
-        return frozenset(int(i) for i in conn.execute(query).scalars())
+        " by_id AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::varchar[]) AS p(id, token)),"
+        " by_key AS (SELECT * FROM unnest(%(key_dag_ids)s::varchar[], %(key_task_ids)s::varchar[],"
+        " %(key_run_ids)s::varchar[], %(key_map_indexes)s::integer[], %(key_tokens)s::varchar[])"
+        " AS k(dag_id, task_id, run_id, map_index, token))"
+        f" SELECT 'o', NULL, {columns} FROM {table} AS ti JOIN ours ON {on.format(w='ours')}"
+        f" UNION ALL SELECT CASE WHEN ti.{c['id']} IS NULL THEN 'm' ELSE 's' END, by_id.token,"
+        f" {columns} FROM by_id LEFT JOIN {table} AS ti ON ti.{c['id']} = by_id.id"
+        f" WHERE ti.{c['id']} IS NULL OR {differs.format(w='by_id')}"
+        f" UNION ALL SELECT 'k', by_key.token, {columns} FROM by_key LEFT JOIN {table} AS ti ON {on.format(w='by_key')}"
+        f" WHERE ti.{c['id']} IS NULL OR {differs.format(w='by_key')}")
 
 
 def _read_portable(engine: Any, wanted: set) -> list:
@@ -237,30 +216,27 @@ def _read_portable(engine: Any, wanted: set) -> list:
 
     from airflow.models.taskinstance import TaskInstance
 
+    if not wanted:
+        return []
     runs = sorted({(dag_id, run_id) for dag_id, _, run_id, _ in wanted})
     task_ids = sorted({task_id for _, task_id, _, _ in wanted})
-    query = select(*(TaskInstance.__table__.c[name] for name in _COLUMNS)).where(
+    query = select(*_columns().values()).where(
         tuple_(TaskInstance.dag_id, TaskInstance.run_id).in_(runs), TaskInstance.task_id.in_(task_ids))
     with engine.connect() as conn:
         return conn.execute(query).all()
+
+
+def _row(row: Any) -> TaskRow:
+    state = row[1]
+    return TaskRow(ti_id=str(row[0]), state=None if state is None else str(getattr(state, "value", state)),
+                   try_number=int(row[2]), queued_by_job_id=row[3], external_executor_id=row[4], dag_id=row[5],
+                   task_id=row[6], run_id=row[7], map_index=int(row[8]), hostname=row[9])
 
 
 def _rows_of(rows: list, wanted: set) -> dict[TaskKey, TaskRow]:
     found = {}
     for row in rows:
         task = (row[5], row[6], row[7], int(row[8]))
-        if task not in wanted:
-            continue
-        task_row = TaskRow(
-            ti_id=str(row[0]),
-            state=None if row[1] is None else str(getattr(row[1], "value", row[1])),
-            try_number=int(row[2]),
-            queued_by_job_id=row[3],
-            external_executor_id=row[4],
-            dag_id=row[5],
-            task_id=row[6],
-            run_id=row[7],
-            map_index=task[3],
-        )
-        found[task] = task_row
+        if task in wanted:
+            found[task] = _row(row)
     return found

@@ -138,7 +138,7 @@ class Sweeper:
             report.db_queries += 1
             for ref in candidates:
                 row = rows.get(ref.launch.task)
-                verdict = verdicts.should_delete(ref.launch, row, self.deployment)
+                verdict = verdicts.should_delete(ref.launch, row, self.deployment, ref.name)
                 if not verdict.act:
                     continue
                 report.stale += 1

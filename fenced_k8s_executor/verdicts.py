@@ -59,6 +59,7 @@ class Reason(str, enum.Enum):
     OTHER_SCHEDULER = "other_scheduler"
     LEGACY = "legacy"
     FOREIGN = "foreign"  # stale, but not launched by this deployment: never deleted
+    RUNS_THE_TASK = "runs_the_task"  # stale, but the task's row names this pod as its host: left to finish
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ _REASONS = {Standing.CURRENT: Reason.CURRENT, Standing.SUPERSEDED: Reason.SUPERS
 #: sweep or a loop's reconcile builds no object per pod for them.
 _STATE_VERDICTS = {s: Verdict(s in STALE, False, _REASONS.get(s, Reason.LEGACY)) for s in Standing}
 _FOREIGN = Verdict(False, False, Reason.FOREIGN)
+_HOST = Verdict(False, False, Reason.RUNS_THE_TASK)
 
 
 def should_create(launch: LaunchIdentity, row: TaskRow | None, scheduler_job_id: int | None) -> Verdict:
@@ -110,14 +112,22 @@ def is_stale(launch: LaunchIdentity | None, row: TaskRow | None) -> Verdict:
     return _STATE_VERDICTS[standing(launch, row)]
 
 
-def should_delete(launch: LaunchIdentity | None, row: TaskRow | None, deployment: str | None) -> Verdict:
-    """Reconcile, post-create re-check and sweep: ``act`` = delete the (unfinished) pod.
+def should_delete(launch: LaunchIdentity | None, row: TaskRow | None, deployment: str | None,
+                  pod: str | None = None) -> Verdict:
+    """Reconcile, post-create re-check and sweep: ``act`` = delete the (unfinished) pod ``pod``.
 
-    Stale and launched by this deployment; the stock executor never does this.
+    Stale, launched by this deployment, and not the pod the task's row names as its host: a pod
+    that ran the task keeps that until the next launch's ``/run``, and is left to finish as stock
+    leaves it (a finishing try's log upload and callbacks). Whoever created the pod does not
+    matter. The stock executor never does this.
     """
     verdict = is_stale(launch, row)
-    if verdict.act and not owned(launch, deployment):
+    if not verdict.act:
+        return verdict
+    if not owned(launch, deployment):
         return _FOREIGN
+    if row is not None and row.runs_on(pod):
+        return _HOST
     return verdict
 
 
@@ -135,19 +145,6 @@ def should_adopt(launch: LaunchIdentity | None, ti_token: object) -> Verdict:
     if token != launch.token:
         return Verdict(False, True, Reason.SUPERSEDED)
     return Verdict(True, True, Reason.CURRENT)
-
-
-def rechecks_peer(launch: LaunchIdentity | None, scheduler_job_id: int | None, running: frozenset[int]) -> bool:
-    """Does this scheduler re-check another scheduler's launch in flight? Only when its creator is
-    not running (``running``: the creators the DB says are, at this loop's read): a running one
-    re-checks its own. A creator that cannot be read (no id) is treated as not running: the
-    launch is then re-checked twice at worst, never skipped."""
-    if launch is None:
-        return False
-    creator = launch.creator
-    if creator is not None and creator == scheduler_job_id:
-        return False
-    return creator is None or creator not in running
 
 
 def releases_slot(holder: str | None, launch: LaunchIdentity | None) -> bool:

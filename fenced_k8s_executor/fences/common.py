@@ -28,15 +28,14 @@ class Loop:
     """What the fences of one scheduler loop (one ``sync``) read and decided, dropped when it ends.
 
     The loop's first fence read (``InFlightFence._rows_for``) covers every task the loop will ask
-    about: the watcher results, the creation batch, this scheduler's launches in flight and the
-    stopped or dead peers' Pending pods; later reads fetch only what it missed.
+    about (the watcher results, the creation batch) and every launch of this deployment in flight;
+    later reads fetch only what it missed.
     """
 
     read: bool = False  # the loop's first read happened
     covered: set = field(default_factory=set)  # tasks whose rows are in ``rows`` (absent: no row)
     rows: dict = field(default_factory=dict)  # task -> TaskRow
-    peers: list | None = None  # this deployment's Pending pods other processes created (PodRef)
-    orphans: list = field(default_factory=list)  # (PodRef, row) of peers' pods that may be stale, creator not running
+    changed: list = field(default_factory=list)  # (Flying, row) of launches in flight whose row no longer names them
     reconciled: bool = False  # the in-flight reconcile ran this loop
     precreate: dict = field(default_factory=dict)  # id(job) -> (launch, pre-creation verdict)
     publish_failed: set = field(default_factory=set)  # id(job) of creations that did not go through

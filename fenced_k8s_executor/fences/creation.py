@@ -57,7 +57,7 @@ class CreationFence:
         size = self.kube_config.worker_pods_creation_batch_size
         jobs = [self._carry.popleft() for _ in range(min(size, len(self._carry)))]
         jobs += batches.drain(real, size - len(jobs))
-        if not jobs and not self.book.pending() and not self._peer_launches():
+        if not jobs and not self._anything_in_flight():
             yield
             return
         launches = {id(job): self._launch_of_job(job) for job in jobs}
@@ -175,7 +175,9 @@ class CreationFence:
             ref = pods.read_ref(self.kube_client, name, namespace, self._api_args)
         except Exception:  # no evidence either way
             ref = None
-        if ref is None:  # unreadable, or gone again since the 409: try again next loop
+        if ref is None or ref.deleting:  # unreadable, gone again since the 409, or going: try again next loop
+            # (a terminating pod's events never reach the launch: taken for created, the task would
+            # wait for task_queued_timeout; its name is free once its deletion completes)
             self._loop.publish_failed.add(id(task))
             self.task_queue.put(task)
             return False

@@ -1,22 +1,60 @@
-"""The in-flight reconcile, mixed into FencedKubernetesExecutor: every loop, the launches still
-Pending are re-checked against their tasks' rows, this scheduler's own (the LaunchBook) and this
-deployment's whose creating scheduler is not running (``pending.PendingPods``): a Pending pod
-emits no events, so nothing else would look at it before it starts.
+"""The in-flight reconcile, mixed into FencedKubernetesExecutor: every loop, every launch of this
+deployment still in flight is re-checked against its task's row, whoever created its pod.
 
-One DB read per loop serves every fence of the loop (``_rows_for``): the watcher results, the
-creation batch, these launches, and which peers are running.
+In flight means a pod that has not finished: this scheduler's just-created pods (the LaunchBook)
+until the deployment-wide watch (``in_flight.InFlightPods``) has seen them, then every unfinished
+pod the watch shows. Who created a pod never decides whether it is stale, and only evidence from
+the pod itself (it finished, or was deleted) takes it out of the picture: a peer whose API calls
+fail, a stopped or killed scheduler, a row that is momentarily SCHEDULED under the same token, a
+pod that started before its launch was superseded (the provider reports nothing when a pod
+starts) all leave the pod re-checked here every loop.
+
+One DB statement per loop serves every fence of the loop (``_rows_for``): the watcher results,
+the creation batch and these launches, of which only those whose row changed come back.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterable
 
 from fenced_k8s_executor import ledger, metrics, pods, verdicts
 from fenced_k8s_executor.fences.common import Loop
+from fenced_k8s_executor.launch import LaunchIdentity
 from fenced_k8s_executor.metrics import short
 
 log = logging.getLogger("fenced_k8s_executor")
+
+
+@dataclass(frozen=True)
+class Flying:
+    """One launch in flight as the reconcile sees it: its pod, and the executor key whose slot it
+    holds here when known from the book (this scheduler's pods not yet seen by the watch)."""
+
+    name: str
+    namespace: str
+    launch: LaunchIdentity
+    uid: str | None = None  # known when the watch saw the pod
+    key: Hashable | None = None
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Every launch in flight, by token, and the loop statement's view of them (``ledger.Probe``)."""
+
+    version: tuple
+    by_token: dict
+    probe: ledger.Probe
+
+    @classmethod
+    def of(cls, version: tuple, own: Iterable[Any], refs: Iterable[pods.PodRef]) -> "InFlight":
+        by_token: dict[str, list[Flying]] = {}
+        for p in own:
+            by_token.setdefault(p.launch.token, []).append(Flying(p.name, p.namespace, p.launch, key=p.key))
+        for ref in refs:
+            by_token.setdefault(ref.launch.token, []).append(Flying(ref.name, ref.namespace, ref.launch, uid=ref.uid))
+        return cls(version, by_token, ledger.probe(flights[0].launch for flights in by_token.values()))
 
 
 class InFlightFence:
@@ -31,9 +69,9 @@ class InFlightFence:
 
     def _rows_for(self, tasks: set) -> dict:
         """Rows of ``tasks`` (absent: the task has no row). The loop's first call reads, in one
-        statement, these tasks, this scheduler's launches in flight and the Pending pods of peers
-        that are not running; later calls read only tasks the first one did not cover (a job
-        re-queued during the loop). Raises on DB errors."""
+        statement, these tasks and every launch in flight (only the changed ones come back, for
+        ``_reconcile``); later calls read only tasks the first one did not cover (a job re-queued
+        during the loop). Raises on DB errors."""
         loop = self._loop
         if loop.read:
             missing = set(tasks) - loop.covered
@@ -41,41 +79,36 @@ class InFlightFence:
                 loop.rows.update(ledger.read_rows(missing))
                 loop.covered |= missing
             return loop.rows
-        wanted = set(tasks) | {p.launch.task for p in self.book.pending()}
-        peers = self._peer_launches()
-        reading = ledger.read_with_peers(wanted, [(ref.launch.task, ref.launch.token, ref.launch.creator)
-                                                  for ref in peers], self._alive_since())
+        flying = self._in_flight()
+        reading = self._reads.read(tasks, flying.probe)
         loop.read = True
         loop.rows = reading.rows
-        loop.covered = wanted  # a peer's task is not covered: its row was read only if it looked stale
-        if reading.superseded:
-            me = self._scheduler_job_int()
-            loop.orphans = [(ref, reading.superseded[key]) for ref in peers
-                            if (key := (ref.launch.task, ref.launch.token)) in reading.superseded
-                            and verdicts.rechecks_peer(ref.launch, me, reading.running)]
+        loop.covered = set(tasks)
+        loop.changed = [(f, row) for token, row in reading.changed.items() for f in flying.by_token.get(token, ())]
         return loop.rows
 
-    def _peer_launches(self) -> list[pods.PodRef]:
-        """This deployment's Pending pods that other scheduler processes created (ours are in the
-        book), once per loop."""
-        loop = self._loop
-        if loop.peers is None:
-            loop.peers = []
-            if self.pending_pods is not None:
-                mine = {p.name for p in self.book.pending()}
-                me = str(self.scheduler_job_id)
-                loop.peers = [ref for ref in self.pending_pods.refs()
-                              if ref.launch.scheduler_job_id != me and ref.name not in mine
-                              and ref.launch.task is not None and not ref.launch.legacy]
-        return loop.peers
+    def _in_flight(self) -> InFlight:
+        """This scheduler's created pods the watch has not shown yet, then every pod the watch shows.
+        A pod of ours the watch has seen is the watch's from then on: evidence from the pod itself.
 
-    def _alive_since(self) -> datetime:
-        return datetime.now(timezone.utc) - timedelta(seconds=self._handover_after)
+        Built again only when the book's pending pods or the watch's picture changed: an idle loop
+        with thousands of launches in flight does no work per launch here."""
+        view = self.in_flight_pods.view if self.in_flight_pods is not None else None
+        for p in self.book.pending():
+            if view is not None and view.has(p.namespace, p.name):
+                self.book.watched(p.name)
+        version = (self.book.pending_version, view.version if view is not None else -1)
+        if self._flying is None or self._flying.version != version:
+            self._flying = InFlight.of(version, self.book.pending(), view.unsettled() if view is not None else ())
+        return self._flying
+
+    def _anything_in_flight(self) -> bool:
+        return bool(self.book.pending()) or (self.in_flight_pods is not None and len(self.in_flight_pods.view) > 0)
 
     def _reconcile_in_flight(self) -> None:
         """The reconcile when no creation batch read the rows this loop: one read at most, and none
         when nothing is in flight."""
-        if not self.book.pending() and not self._peer_launches():
+        if not self._anything_in_flight():
             return
         try:
             with metrics.timed("fence_check.duration", path="reconcile"):
@@ -87,54 +120,45 @@ class InFlightFence:
         self._reconcile()
 
     def _reconcile(self) -> None:
-        """Delete the pods of launches superseded since they were created (a2, and any clear, peer
-        re-queue or revoke while a pod is Pending), this scheduler's and its stopped peers'."""
+        """Delete the pods of launches superseded since they were created (a2, any clear, peer
+        re-queue or revoke while a pod is in flight), whoever created them."""
         loop = self._loop
         loop.reconciled = True
-        for p in self.book.pending():
-            if p.launch.task in loop.covered:
-                self._reconcile_own(p, loop.rows.get(p.launch.task))
-        for ref, row in loop.orphans:
-            self._reconcile_orphan(ref, row)
-        loop.orphans = []
+        for flying, row in loop.changed:
+            self._fence_in_flight(flying, row)
+        loop.changed = []
 
-    def _reconcile_own(self, p, row) -> None:
-        verdict = verdicts.should_delete(p.launch, row, self.deployment)
+    def _fence_in_flight(self, f: Flying, row: Any) -> None:
+        verdict = verdicts.should_delete(f.launch, row, self.deployment, f.name)
         if not verdict.act:
-            if verdict.reason is verdicts.Reason.CURRENT and row.state != verdicts.QUEUED:
-                self.book.observed(p.name)  # it ran (or is running): no longer in flight
             return
         if not self._enforcing:
             metrics.decision("pod.stale", path="reconcile", reason=verdict.reason.value, enforced=False,
-                             pod=f"{p.namespace}/{p.name}", ti=p.launch.ti_id, launch=short(p.launch.token),
-                             current=short(row.token if row else None))
-            self.book.observed(p.name)  # reported once; the stock executor carries on
+                             **self._fields(f, row))
+            self._settle(f)  # reported once; the stock executor carries on
             return
-        settled = self._delete_launch_pod(p.name, p.namespace, p.launch, "reconcile", verdict, row)
-        if settled is None:
-            return  # API error: no evidence the pod is gone, re-check next loop
-        self.book.fenced(p.name)
-        self._release(p.key, p.launch)
-
-    def _reconcile_orphan(self, ref: pods.PodRef, row) -> None:
-        """A stopped, crashed or replaced scheduler's Pending pod: deleted when superseded (it holds
-        no slot here). Another live scheduler may delete it too: the uid precondition makes the
-        second delete a no-op, and a current launch is never touched."""
-        verdict = verdicts.should_delete(ref.launch, row, self.deployment)
-        if not verdict.act:
-            return
-        fields = dict(pod=f"{ref.namespace}/{ref.name}", ti=ref.launch.ti_id, launch=short(ref.launch.token),
-                      current=short(row.token if row else None), creator=ref.launch.scheduler_job_id or "-")
-        if not self._enforcing:
-            metrics.decision("pod.stale", path="reconcile_orphan", reason=verdict.reason.value, enforced=False,
-                             **fields)
-            self.pending_pods.view.settle(ref)
-            return
-        deleted = pods.delete(self.kube_client, ref, self._api_args)
+        if f.uid is None:  # our own pod, not seen by the watch yet: read it for its uid
+            deleted = self._delete_launch_pod(f.name, f.namespace, f.launch, "reconcile", verdict, row)
+        else:
+            deleted = pods.delete(self.kube_client, pods.PodRef(f.name, f.namespace, f.uid, f.launch), self._api_args)
+            if deleted:
+                metrics.decision("pod.deleted", path="reconcile", reason=verdict.reason.value, enforced=True,
+                                 **self._fields(f, row))
         if deleted is None:
-            return  # API error: judged again next loop
-        self.pending_pods.view.settle(ref)
-        self.book.remember(ref.name, ref.launch)
-        if deleted:
-            metrics.decision("pod.deleted", path="reconcile_orphan", reason=verdict.reason.value, enforced=True,
-                             **fields)
+            return  # API error: no evidence the pod is gone, re-check next loop
+        self._settle(f)
+        self.book.remember(f.name, f.launch)
+        key = f.key if f.key is not None else self.book.key_held_by(f.launch)
+        if key is not None:  # the provider reports nothing for a deleted Pending pod: free its slot here
+            self._release(key, f.launch)
+
+    def _settle(self, f: Flying) -> None:
+        """Decided: not offered again (until a new object takes the name)."""
+        self.book.fenced(f.name)
+        if f.uid is not None and self.in_flight_pods is not None:
+            self.in_flight_pods.view.settle(pods.PodRef(f.name, f.namespace, f.uid, f.launch))
+
+    @staticmethod
+    def _fields(f: Flying, row: Any) -> dict:
+        return dict(pod=f"{f.namespace}/{f.name}", ti=f.launch.ti_id, launch=short(f.launch.token),
+                    current=short(row.token if row is not None else None), creator=f.launch.scheduler_job_id or "-")

@@ -450,10 +450,11 @@ def test_heartbeat_never_raises_under_api_error_bursts(world, needs_emulator, de
 # ---------------------------------------------------------------------------- item 5: the sweep thread
 
 
-def test_a_fence_read_that_never_answers_does_not_hold_the_scheduler_loop(world, needs_emulator, monkeypatch):
+def test_a_fence_call_that_never_answers_does_not_hold_the_scheduler_loop(world, needs_emulator, monkeypatch):
     """The fences' own calls in the loop carry a timeout when the request args set none: the
-    reconcile's read of a cleared launch's Pending pod that never answers gives up (no evidence:
-    the pod stays), the loop goes on, and the next loop deletes the pod."""
+    reconcile's delete of a cleared launch's Pending pod that never answers gives up (no evidence
+    it happened: the pod stays in the picture), the loop goes on, and the next loop deletes the pod.
+    (The reconcile knows the pod's uid from its watch: it reads nothing first.)"""
     from fenced_k8s_executor import guards
 
     monkeypatch.setattr(guards, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
@@ -465,13 +466,12 @@ def test_a_fence_read_that_never_answers_does_not_hold_the_scheduler_loop(world,
     (stale,) = [p.metadata.name for p in world.live_pods(first)]
     world.airflow.clear(first)
     world.queue(sched)  # a new launch supersedes it
-    world.emulator.add_fault(method="GET", path=rf"/pods/{stale}$", persist_then_timeout=True, hang_seconds=25,
-                             who=sched.user)
+    world.emulator.add_fault(method="DELETE", path=rf"/pods/{stale}$", delay=25, who=sched.user)
     done: list = []
     thread = threading.Thread(target=lambda: done.append(sched.executor.sync()), daemon=True)
     thread.start()
     thread.join(timeout=15)  # the client's own retries included: 4 reads of 1 s
-    assert done, "the scheduler loop still waits on a read that never answers"
+    assert done, "the scheduler loop still waits on a call that never answers"
     assert stale in {p.metadata.name for p in world.live_pods(first)}  # no evidence: left for later
     world.emulator.clear_faults()
     sched.executor.sync()

@@ -44,6 +44,27 @@ def _slots_back(executor) -> bool:
             and not executor.pod_launch_attempts)
 
 
+def _until_the_watch_saw_it_finish(world, sched, name: str, timeout: float = 10.0) -> None:
+    """The fenced scheduler's watch of pods in flight holds no trace of ``name`` (created Pending,
+    then Failed at once): absent for half a second running, after at least a second. A loop that
+    ran while the watch still showed it Pending would delete it, rightly, as a superseded launch's
+    Pending pod."""
+    import time
+
+    pods = getattr(sched.executor, "in_flight_pods", None)
+    if pods is None:
+        return
+    start = absent_since = time.monotonic()
+    while time.monotonic() - start < timeout:
+        now = time.monotonic()
+        if pods.view.has(world.namespace, name):
+            absent_since = now
+        elif now - start >= 1.0 and now - absent_since >= 0.5:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the watch of pods in flight still shows {name} as unfinished")
+
+
 # ---------------------------------------------------------------------------------------------
 # 1. Clearing a RUNNING task
 
@@ -228,10 +249,11 @@ def test_stale_finished_pod_follows_delete_worker_pods(world, monkeypatch, kind,
     world.requeue_stuck(sched)
     sched.executor.sync()
     row2 = world.row("t1")
-    stale = world.stale_pod(row1, row1.token, sched=sched, phase="Running")
+    # The stale launch's pod finished before any loop looked at it (a Running one would be deleted
+    # as superseded: the pod the task's row names as its host is the current launch's).
     world.airflow.start(row2)
-    world.settle(sched.executor, 0.6)
-    world.set_pod_phase(stale, "Failed", container_reason="Error")
+    stale = world.stale_pod(row1, row1.token, sched=sched, phase="Failed", container_reason="Error")
+    _until_the_watch_saw_it_finish(world, sched, stale)
     world.settle(sched.executor, 2.0)
     pods = {p.metadata.name: p for p in world.live_pods(row2)}
     if delete_worker_pods and on_failure:

@@ -1,8 +1,10 @@
-"""ledger.read_rows on real PostgreSQL: the constant array statement it sends there finds exactly
-the rows the portable SQLAlchemy read finds (by task, across a clear's new row id)."""
+"""The ledger's reads on real PostgreSQL: the constant statement it sends there finds exactly what
+the portable SQLAlchemy read finds (rows by task, across a clear's new row id; launches in flight
+whose task's row no longer names them), and returns nothing for launches that did not change."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -82,57 +84,58 @@ def test_postgresql_read_misses_no_row_when_the_engine_streams_results(metadata_
         tasks = sorted((dag_id, t, run, -1) for t in ("a", "b", "c"))
         streaming = settings.engine.execution_options(stream_results=True)
 
-        rows = ledger._read_postgresql(streaming, tasks)
+        rows, _, _ = ledger._read_postgresql_loop(streaming, set(tasks), ledger.NOTHING, [])
 
-        assert sorted(row[6] for row in rows) == ["a", "b", "c"]
+        assert sorted(task for _, task, _, _ in rows) == ["a", "b", "c"]
     finally:
         airflow.retire(dag_id)
 
 
+def _launch(row, token=None, task=None):
+    from fenced_k8s_executor.launch import LaunchIdentity
+
+    dag_id, task_id, run_id, map_index = task or (row.dag_id, row.task_id, row.run_id, row.map_index)
+    return LaunchIdentity(ti_id=row.id, token=token or row.token, try_number=row.try_number, dag_id=dag_id,
+                          task_id=task_id, run_id=run_id, map_index=map_index)
+
+
 @pytest.mark.tasks("t1", "t2", "t3")
-def test_the_loop_read_with_peers_returns_only_what_may_be_stale_and_who_is_running(world):
-    """``read_with_peers`` on real PostgreSQL, against the portable reading of the same rows: our
-    tasks whole; a peer's launch only when its creator is not running and its task's row does not
-    name its token (its row, or None when the task is gone); the running creators. Liveness is
-    airflow-core's own Job rows: a live one, one stopped (``success``), one replaced by a newer
-    running job on its host."""
-    from datetime import timedelta
-
-    from airflow.utils import timezone
-
-    from fenced_k8s_executor import ledger
-    from fenced_k8s_lab.core import Scheduler
-
-    queuer = world.scheduler("fenced", start=False)
-    world.queue(queuer, trigger=False)  # the critical section pre-assigns the tokens
-    t1, t2, t3 = (world.row(t) for t in ("t1", "t2", "t3"))
-    live, replaced, newer = (Scheduler.new_job(hostname=h) for h in ("host-live", "host-r", "host-r"))
-    stopped = Scheduler(Scheduler.new_job(hostname="host-stopped"), [])
-    stopped.stop()
-    task = lambda row: (row.dag_id, row.task_id, row.run_id, row.map_index)  # noqa: E731
-    gone = (world.dag_id, "no_such_task", world.run_id, -1)
-    other = "0" * 8 + "-0000-4000-8000-" + "0" * 12
-    peers = [(task(t1), t1.token, live.id),  # current, creator running
-             (task(t2), other, live.id),  # stale, but its creator runs: its own business
-             (task(t2), other, stopped.job.id),  # stale, creator stopped
-             (task(t3), t3.token, stopped.job.id),  # current
-             (gone, other, replaced.id),  # task gone, creator replaced on its host
-             (task(t1), other, None),  # no creator id: always looked at
-             (task(t3), other, newer.id)]  # stale, creator running (the newest on its host)
-    since = timezone.utcnow() - timedelta(seconds=60)
+def test_the_loop_read_returns_only_the_launches_whose_row_changed(world):
+    """``InFlightReads.read`` on real PostgreSQL, against the portable reading of the same rows: the
+    tasks asked for whole; of the launches in flight only those whose task's row no longer names
+    them (its row, or None when the task is gone); a launch whose TI id vanished (a clear gave the
+    task a new id) is found by its task key, in that loop and the next ones."""
     from airflow import settings
 
-    reading = ledger.read_with_peers([task(t1)], peers, since)
-    portable = ledger._read_portable_with_peers(settings.engine, {task(t1)}, set(peers), since)
+    from fenced_k8s_executor import ledger
+
+    sched = world.scheduler("fenced", start=False)
+    world.queue(sched, trigger=False)  # the critical section pre-assigns the tokens
+    t1, t2, t3 = (world.row(t) for t in ("t1", "t2", "t3"))
+    other, elsewhere = "0" * 8 + "-0000-4000-8000-" + "0" * 12, "0" * 8 + "-0000-4000-8000-" + "0" * 11 + "1"
+    cleared = world.airflow.clear(t3)  # new id, token wiped: the launch of t3 is no longer named
+    assert cleared.id != t3.id and cleared.token is None
+    task = lambda row: (row.dag_id, row.task_id, row.run_id, row.map_index)  # noqa: E731
+    gone = _launch(t1, token=elsewhere, task=(world.dag_id, "no_such_task", world.run_id, -1))
+    gone = dataclasses.replace(gone, ti_id=str(uuid.uuid4()))
+    # A pod whose TI id names another task than its annotations: judged by its own task, never by
+    # the row that id happens to name.
+    mixed = _launch(t1, token=str(uuid.uuid4()), task=task(t2))
+    launches = [_launch(t1), _launch(t2, token=other), _launch(t3), gone, mixed]
+    reads = ledger.InFlightReads()
+
+    reading = reads.read([task(t1)], launches)
+    portable = ledger._read_portable_loop(settings.engine, {task(t1)}, {x.token: x for x in launches})
 
     assert reading == portable
-    assert reading.running == {live.id, newer.id}
     assert set(reading.rows) == {task(t1)} and reading.rows[task(t1)].token == t1.token
-    assert set(reading.superseded) == {(task(t2), other), (gone, other), (task(t1), other)}
-    assert reading.superseded[(gone, other)] is None
-    assert reading.superseded[(task(t2), other)].ti_id == t2.id
-    nobody = ledger.read_with_peers([], peers, timezone.utcnow() + timedelta(seconds=5))
-    assert nobody.running == set()  # every heartbeat older than asked: nobody is running
-    assert (task(t3), other) in nobody.superseded and (task(t3), t3.token) not in nobody.superseded
-    for job in (live, replaced, newer):
-        Scheduler(job, []).stop()
+    assert set(reading.changed) == {other, t3.token, elsewhere, mixed.token}  # t1's launch is current
+    assert reading.changed[other].ti_id == t2.id  # same id, another token (found by its id)
+    assert reading.changed[t3.token].ti_id == cleared.id  # found by its key once its id vanished
+    assert reading.changed[elsewhere] is None  # the task is gone
+    assert reading.changed[mixed.token].ti_id == t2.id  # its own task's row, not t1's
+    assert reads._by_key == {t3.token, elsewhere, mixed.token}
+    again = reads.read([], launches)  # the next loop: those asked by key from the start
+    assert again.changed == reading.changed
+    assert reads.read([], [_launch(t1)]).changed == {}  # forgotten once no longer in flight
+    assert reads._by_key == set()

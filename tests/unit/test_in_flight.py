@@ -1,5 +1,4 @@
-"""The deployment-wide picture of Pending pods (``pending.PendingView``) and the decision of who
-re-checks a peer's launch in flight (``verdicts.rechecks_peer``): plain values, no API."""
+"""The deployment-wide picture of pods in flight (``in_flight.InFlightView``): plain values, no API."""
 
 from __future__ import annotations
 
@@ -8,11 +7,9 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fenced_k8s_executor.executor import handover_after
 from fenced_k8s_executor.launch import LaunchIdentity
-from fenced_k8s_executor.pending import PendingView
+from fenced_k8s_executor.in_flight import InFlightView
 from fenced_k8s_executor.pods import PodRef
-from fenced_k8s_executor.verdicts import rechecks_peer
 
 
 def ref(name="p", namespace="ns", uid=None, creator="7", deleting=False, launch=True):
@@ -22,19 +19,19 @@ def ref(name="p", namespace="ns", uid=None, creator="7", deleting=False, launch=
 
 
 def test_events_keep_the_latest_metadata_and_deleted_drops_the_pod():
-    view = PendingView()
+    view = InFlightView()
     a, b = ref("a"), ref("b")
     view.apply("ADDED", a)
     view.apply("ADDED", b)
     moved = PodRef(a.name, a.namespace, a.uid, a.launch, deleting=True)
     view.apply("MODIFIED", moved)
     assert {r.name for r in view.unsettled()} == {"b"}  # a terminating pod is nobody's to delete
-    view.apply("DELETED", b)  # deleted, or it started: it left the field selector
+    view.apply("DELETED", b)  # deleted, or it finished: it left the field selector
     assert view.unsettled() == [] and len(view) == 1
 
 
 def test_a_list_replaces_only_its_namespace():
-    view = PendingView()
+    view = InFlightView()
     view.apply("ADDED", ref("a", "one"))
     view.apply("ADDED", ref("b", "two"))
     view.replace("one", [ref("c", "one")])
@@ -44,7 +41,7 @@ def test_a_list_replaces_only_its_namespace():
 
 
 def test_a_settled_pod_is_skipped_until_a_new_pod_takes_its_name():
-    view = PendingView()
+    view = InFlightView()
     old = ref("a")
     view.apply("ADDED", old)
     view.settle(old)
@@ -56,17 +53,17 @@ def test_a_settled_pod_is_skipped_until_a_new_pod_takes_its_name():
 
 
 def test_pods_without_a_launch_identity_are_never_offered():
-    view = PendingView()
+    view = InFlightView()
     view.apply("ADDED", ref("legacy", launch=False))
     assert view.unsettled() == []
 
 
 @given(events=st.lists(st.tuples(st.sampled_from(["ADDED", "MODIFIED", "DELETED"]), st.sampled_from("abc"),
                                  st.sampled_from(["u1", "u2"])), max_size=30))
-def test_memory_is_bounded_by_the_pods_still_pending(events):
+def test_memory_is_bounded_by_the_pods_still_in_flight(events):
     """Whatever the order of events, the picture holds exactly the pods whose last event was not
     DELETED, and remembers settled uids of those pods only."""
-    view, last = PendingView(), {}
+    view, last = InFlightView(), {}
     for kind, name, uid in events:
         r = ref(name, uid=uid)
         view.apply(kind, r)
@@ -76,18 +73,15 @@ def test_memory_is_bounded_by_the_pods_still_pending(events):
     assert len(view._settled) <= len(view)
 
 
-def test_a_peer_launch_is_rechecked_here_only_when_its_creator_is_not_running():
-    mine, peer = 3, ref(creator="7").launch
-    assert rechecks_peer(peer, mine, frozenset()) is True  # stopped, crashed or replaced
-    assert rechecks_peer(peer, mine, frozenset({7})) is False  # it re-checks its own
-    assert rechecks_peer(ref(creator="3").launch, mine, frozenset()) is False  # ours: the LaunchBook's
-    for unreadable in (None, "", "7x", "٧"):  # no creator id: re-checked, never skipped
-        assert rechecks_peer(ref(creator=unreadable).launch, mine, frozenset({7})) is True
-    assert rechecks_peer(None, mine, frozenset()) is False
-
-
-@given(heartbeat=st.floats(0.1, 600), threshold=st.floats(0.1, 3600))
-def test_handover_never_waits_longer_than_airflow_core_calls_a_scheduler_dead(heartbeat, threshold):
-    after = handover_after(heartbeat, threshold)
-    assert after <= max(1.0, threshold)
-    assert after <= max(1.0, 2 * heartbeat)
+def test_a_malformed_pod_is_kept_but_never_offered():
+    """One pod's unreadable identity must cost that pod alone: it is never put to the database."""
+    view = InFlightView()
+    bad = PodRef("bad", "ns", "u-bad", LaunchIdentity(ti_id="not-a-uuid", token=str(uuid.uuid4()), try_number=1,
+                                                      dag_id="d", task_id="t", run_id="r"))
+    nul = PodRef("nul", "ns", "u-nul", LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()),
+                                                      try_number=1, dag_id="d\x00", task_id="t", run_id="r"))
+    good = ref("good")
+    for r in (bad, nul, good):
+        view.apply("ADDED", r)
+    assert view.unsettled() == [good] and len(view) == 3
+    assert bad.launch.malformed and nul.launch.malformed and good.launch.malformed is None

@@ -39,7 +39,7 @@ def test_pod_without_our_annotations_is_legacy():
 def test_task_coordinates_come_from_the_providers_annotations():
     """The provider writes map_index only for a mapped task (>= 0): absent reads as -1, and one
     that does not read exactly as a number names no task."""
-    base = {TI_ID_ANNOTATION: "x", TOKEN_ANNOTATION: str(uuid.uuid4()), TRY_NUMBER_ANNOTATION: "2",
+    base = {TI_ID_ANNOTATION: str(uuid.uuid4()), TOKEN_ANNOTATION: str(uuid.uuid4()), TRY_NUMBER_ANNOTATION: "2",
             DEPLOYMENT_ANNOTATION: "ours", "dag_id": "d", "task_id": "t", "run_id": "r"}
     assert verdicts.should_delete(from_pod_metadata(base), None, "ours").act  # task gone: stale
     assert from_pod_metadata(base).task == ("d", "t", "r", -1)

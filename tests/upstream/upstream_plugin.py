@@ -161,7 +161,7 @@ def _end_leftover_processes() -> None:
     ended) would keep this pytest from exiting (multiprocessing joins them at exit): record them
     in the evidence, then end them so the run finishes.
 
-    First the fenced executors' watches of Pending pods (threads) of executors that a test never
+    First the fenced executors' watches of pods in flight (threads) of executors that a test never
     ended are stopped, and garbage is collected: a Manager process ends when its executor is
     collected, and such a thread keeps the executor reachable through the test's mocks (its
     kube client mock holds the exception a test raised through it, whose traceback holds the
@@ -169,9 +169,9 @@ def _end_leftover_processes() -> None:
     import gc
     import multiprocessing
 
-    from fenced_k8s_executor.pending import PendingPods
+    from fenced_k8s_executor.in_flight import InFlightPods
 
-    watches = [o for o in gc.get_objects() if isinstance(o, PendingPods)]
+    watches = [o for o in gc.get_objects() if isinstance(o, InFlightPods)]
     for watch in watches:
         _evidence["pending watches stopped at exit"] += 1
         watch.stop()
