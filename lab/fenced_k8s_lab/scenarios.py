@@ -242,6 +242,22 @@ def _db_outage(ctx: Any) -> None:
     ctx.wait_terminal()
 
 
+def _api_cut_off(ctx: Any) -> None:
+    """Scheduler-0 is cut off from the API server (every call it sends answers 503 at once, as from
+    an overloaded API server, a failing admission webhook or a broken RBAC binding) while it keeps
+    heartbeating, and the queued tasks are cleared through the REST API while their pods are Pending
+    (35-70 s image pulls): its superseded launches' pods can be deleted only by another scheduler.
+    The cut lasts 40 s; every task must end terminal once it is over."""
+    ctx.trigger()
+    ctx.wait_pods(ctx.width)
+    cut = ctx.stack.schedulers[0].name
+    ctx.fault(f"{cut} cut off: every API call it sends answers 503", method="*", path=r".*", status=503, who=cut)
+    ctx.clear_tasks(f"clear queued TIs via REST while {cut} is cut off")
+    ctx.sleep(40)
+    ctx.clear_faults(f"{cut} reaches the API server again")
+    ctx.wait_terminal()
+
+
 _STORM_ENV = {
     "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": "8",
     # Stuck in queued fires at 15-18 s, well inside the peer's 26 s pause.
@@ -294,6 +310,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("shared_namespace", _shared_namespace.__doc__ or "", (4, 8), _shared_namespace,
                  neighbour=(4, 60.0, 15.0), timeout=300),
         Scenario("rolling_restart", _rolling_restart.__doc__ or "", (6, 12), _rolling_restart,
+                 delay="uniform:scale=35,cap=70", timeout=480,
+                 env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"}),
+        Scenario("api_cut_off", _api_cut_off.__doc__ or "", (6, 12), _api_cut_off,
                  delay="uniform:scale=35,cap=70", timeout=480,
                  env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"}),
         Scenario("db_outage", _db_outage.__doc__ or "", (6, 12), _db_outage,
