@@ -92,6 +92,15 @@ def _panel(ax: Any, side: Any, evidence: Any, t0: float, span: float, title: str
 
 
 def write(scenario: str, runs: dict[str, Any], path: Path, settings: dict[str, str] | None = None) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(scenario, runs, settings)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(scenario: str, runs: dict[str, Any], settings: dict[str, str] | None = None) -> Any:
+    """The figure: a panel per executor (in ``runs`` order) on one x-axis, its steps beside it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,5 +133,4 @@ def write(scenario: str, runs: dict[str, Any], path: Path, settings: dict[str, s
                               label="superseded, ran the task code")],
                loc="lower left", ncol=4, fontsize=7, frameon=False, bbox_to_anchor=(0.01, 0.0))
     fig.tight_layout(rect=(0, 0.04, 1, 0.97))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
