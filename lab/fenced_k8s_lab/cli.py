@@ -103,6 +103,7 @@ def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, An
         return _on_node(args, say)
     out = args.out or Path(tempfile.mkdtemp(prefix="fenced-lab-"))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    at = commit()  # the tree the run starts on (the checkout may move while it runs)
     say(f"fenced-k8s-repro: scenarios {names}, executors {executors}, seed {args.seed}, evidence in {out}")
     started = time.time()
     kube = _open_kube(args, say)
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, An
         report.write_json(results, args.json)
     context = {"command": getattr(args, "command", None), "scenarios": names, "seed": args.seed,
                "quick": args.quick, "schedulers": args.schedulers, "wall_seconds": time.time() - started,
-               "machine": machine(load), "commit": commit()}
+               "machine": machine(load), "commit": at}
     say("\n" + report.headline_markdown(results, context))
     if args.out:
         (out / "run.json").write_text(json.dumps({"context": context, "results": results}, indent=1, default=str))
