@@ -88,12 +88,12 @@ DEFINITIONS = {
 #: The summary and the README headline: the metrics an adopter decides on.
 SUMMARY = [
     ("pods_started_for_superseded_launch", "pods started for superseded launches"),
-    ("stale_task_runs", "of which ran task code"),
-    (("run_404", "run_409"), "`/run` failed 404 / 409"),
+    ("stale_task_runs", "task code run by stale pods"),
+    (("run_404", "run_409"), "/run 404 / 409 (unhandled)"),
     ("tries_burned_by_ha", "tries burned by HA"),
     ("tasks_failed", "tasks failed"),
     ("tasks_not_terminal", "tasks not terminal"),
-    ("false_positive_deletions", "current pods deleted"),
+    ("false_positive_deletions", "false-positive deletions"),
 ]
 
 #: What counts as a failure, worded for a sentence: (metric, singular, plural).

@@ -1,5 +1,5 @@
-"""A scenario's timeline PNG: stock above fenced, on one shared x-axis (seconds since the
-scenario's first step), so a glance compares like with like.
+"""A scenario's timeline PNG: stock above fenced, on one shared x-axis (seconds since each run's
+first step or pod), so a glance compares like with like.
 
 One band per task, one lane per pod in it: grey while Pending, green while it runs for the
 current launch, red when it started after its launch was superseded (hatched when it ran the task
@@ -124,7 +124,7 @@ def figure(scenario: str, runs: dict[str, Any], settings: dict[str, str] | None 
         extra = settings.get(executor)
         _panel(ax, side, evidence, starts[executor], span, f"{executor} [{extra}]" if extra else executor)
     axes[-1, 0].set_xlim(0, span * 1.02)
-    axes[-1, 0].set_xlabel("seconds since the scenario's first step (same scale in every panel)")
+    axes[-1, 0].set_xlabel("seconds since the run's first step or pod (the same scale in every panel)")
     fig.suptitle(textwrap.fill(f"{scenario}: {what_it_does(scenario)}", 120), fontsize=9, x=0.01, ha="left")
     fig.legend(handles=[Patch(color="lightgray", label="pod Pending"),
                         Patch(color="tab:green", label="pod running, current launch"),
