@@ -42,12 +42,11 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str
 
     launch = ref.launch
     if launch is None or launch.legacy:
-        return "legacy (no token)", KEEP, "no launch token (stock executor, or launched before the switch): never fenced"
+        return "legacy (no token)", KEEP, "no launch token (stock, or before the switch): never fenced"
     if not verdicts.owned(launch, deployment.id):
         if launch.deployment and launch.deployment == deployment.address_id:
-            return "this deployment (0.1.0 stamp)", KEEP, "stamped with the id 0.1.0 derived from the DB address: left alone"
-        return "another deployment's", KEEP, f"stamped {launch.deployment or 'with no deployment'}: only this " \
-                                             "deployment's pods are ever deleted"
+            return "this deployment (0.1.0 stamp)", KEEP, "the id 0.1.0 derived from the DB address: left alone"
+        return "another deployment's", KEEP, f"stamped {launch.deployment or 'with no deployment'}: never touched"
     standing = verdicts.standing(launch, row)
     verdict = verdicts.should_delete(launch, row, deployment.id)
     name = {verdicts.Standing.TASK_GONE: "task gone", verdicts.Standing.LEGACY_LAUNCH: "legacy (no task)",
@@ -55,10 +54,9 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str
     if ref.deleting:
         return name, KEEP, "already being deleted"
     if finished:
-        return name, KEEP, "finished: the watcher reports it (a stale one's event is dropped); delete_worker_pods " \
-                           "decides its removal, as stock"
+        return name, KEEP, "finished: delete_worker_pods decides, as for stock"
     if verdict.act:
-        why = ("the task has no row any more (run or DAG deleted)" if standing is verdicts.Standing.TASK_GONE
+        why = ("the task has no row (run or DAG deleted)" if standing is verdicts.Standing.TASK_GONE
                else f"the task's row names launch {short(row.token)} now")
         return name, DELETE, why
     return name, KEEP, {verdicts.Standing.CURRENT: "the task's row names this launch",
@@ -82,7 +80,7 @@ def survey(kube_client: Any, namespaces: Iterable[str | None], deployment: Any, 
                                     request_args=request_args):
             ours = [ref.launch.task for ref in page if verdicts.owned(ref.launch, deployment.id) and ref.launch.task]
             rows = ledger.read_rows(ours) if ours else {}
-            for ref in sorted(page, key=lambda r: r.name):
+            for ref in page:
                 launch = ref.launch
                 task = launch.task if launch is not None else None
                 standing, action, why = judge(ref, rows.get(task) if task else None, deployment,
@@ -93,7 +91,7 @@ def survey(kube_client: Any, namespaces: Iterable[str | None], deployment: Any, 
                             "try": launch.try_number if launch is not None else "-",
                             "launch": short(launch.token) if launch is not None and launch.token else "-",
                             "standing": standing, "enforce would": action, "why": why})
-    return out
+    return sorted(out, key=lambda r: (r["enforce would"] != DELETE, r["standing"], r["namespace"], r["pod"]))
 
 
 def pods_command(args: Any) -> None:
