@@ -236,7 +236,7 @@ def describe_run(context: dict[str, Any]) -> str:
     text = "Measured by " + ", ".join(b for b in bits if b)
     if context.get("wall_seconds") is not None:
         minutes, seconds = divmod(int(round(context["wall_seconds"])), 60)
-        text += f", in {minutes} min {seconds:02d} s"
+        text += f", in {minutes} min {seconds:02d} s" if minutes else f", in {seconds} s"
     if context.get("machine"):
         text += f" on {context['machine']}"
     if context.get("commit"):
