@@ -69,6 +69,13 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         self._adopting: dict = {}  # key -> TI, during try_adopt_task_instances
         self._queued_batch: list | None = None  # (key, workload) queued by this trigger_tasks
 
+    @staticmethod
+    def get_cli_commands() -> list:
+        """The provider's ``airflow kubernetes ...`` commands and ``airflow fenced-k8s pods``."""
+        from fenced_k8s_executor.cli import commands
+
+        return [*KubernetesExecutor.get_cli_commands(), *commands()]
+
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:

@@ -16,7 +16,7 @@ def get_provider_info() -> dict:
         "description": "KubernetesExecutor that fences stale worker pods under HA schedulers.",
         "versions": [__version__],
         "executors": [EXECUTOR_CLASS_PATH],
-        # The `airflow kubernetes ...` commands come from the cncf-kubernetes provider already.
+        # `airflow fenced-k8s ...`; the `airflow kubernetes ...` commands come from the cncf-kubernetes provider.
         "cli": ["fenced_k8s_executor.provider.get_cli_commands"],
         "config": {
             CONFIG_SECTION: {
@@ -37,6 +37,9 @@ def get_provider_info() -> dict:
 
 
 def get_cli_commands() -> list:
-    """No commands of our own; declaring the hook keeps Airflow from importing the executor
-    class in every CLI call to look for them."""
-    return []
+    """``airflow fenced-k8s ...`` (``fenced_k8s_executor.cli``). Declared here, in the provider's
+    ``cli`` section, so that Airflow reads it without importing the executor class on every CLI
+    call; the executor's ``get_cli_commands()`` returns the same group beside the provider's."""
+    from fenced_k8s_executor.cli import commands
+
+    return commands()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import sys
 import time
@@ -19,7 +21,8 @@ def _parser() -> argparse.ArgumentParser:
         "process kubelet) "
         "through the failure modes of apache/airflow#69760 with the stock and the fenced executor.",
         epilog="Subcommands: `fenced-k8s-repro bench --help` for the cost benchmark; `fenced-k8s-repro image "
-        "--help` builds the project image from the Dockerfile without Docker (and loads it onto ../shared/node).",
+        "--help` builds the project image from the Dockerfile without Docker (and loads it onto ../shared/node); "
+        "`fenced-k8s-repro report OUT` rewrites a saved run's report from its evidence.",
     )
     p.add_argument("--executor", choices=["stock", "fenced", "both"], default="both")
     p.add_argument("--scenario", default=",".join(DEFAULT),
@@ -99,6 +102,8 @@ def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, An
     if getattr(args, "node", False):
         return _on_node(args, say)
     out = args.out or Path(tempfile.mkdtemp(prefix="fenced-lab-"))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    at = commit()  # the tree the run starts on (the checkout may move while it runs)
     say(f"fenced-k8s-repro: scenarios {names}, executors {executors}, seed {args.seed}, evidence in {out}")
     started = time.time()
     kube = _open_kube(args, say)
@@ -129,13 +134,70 @@ def run(args: argparse.Namespace, say=print) -> dict[str, dict[str, dict[str, An
     say(f"\ntotal wall time {time.time() - started:.0f}s")
     if args.json:
         report.write_json(results, args.json)
+    context = {"command": getattr(args, "command", None), "scenarios": names, "seed": args.seed,
+               "quick": args.quick, "schedulers": args.schedulers, "wall_seconds": time.time() - started,
+               "machine": machine(load), "commit": at}
+    say("\n" + report.headline_markdown(results, context))
     if args.out:
-        report.write_markdown(results, out / "report.md", {
-            "seed": args.seed, "quick": args.quick, "schedulers": args.schedulers,
-            "machine": f"{platform.machine()}, python {platform.python_version()}",
-        })
-        say(f"report: {out / 'report.md'}")
+        (out / "run.json").write_text(json.dumps({"context": context, "results": results}, indent=1, default=str))
+        report.write_markdown(results, out / "report.md", context)
+        (out / "headline.md").write_text(report.headline_markdown(results, context))
+        say(f"report: {out / 'report.md'}; the headline table: {out / 'headline.md'}")
     return results
+
+
+def machine(load: float | None = None) -> str:
+    """This machine in a few words: cores, CPU model, load when the run started."""
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    except OSError:
+        pass
+    text = f"a {os.cpu_count()}-core {platform.machine()} machine" + (f" ({model})" if model else "")
+    if load is not None:
+        text += f", load average {load:.1f} at the start"
+    return text + f", Python {platform.python_version()}"
+
+
+def commit() -> str | None:
+    """The checkout's commit (with "+ local changes" when its tree differs), None outside git."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + (" + local changes" if dirty.stdout.strip() else "")
+
+
+def rerender(out: Path, say=print) -> None:
+    """``fenced-k8s-repro report OUT``: judge a saved run's evidence again with this checkout's rules
+    and rewrite its report.md, headline.md and timelines (the context is the run's own)."""
+    from fenced_k8s_lab import report
+    from fenced_k8s_lab.measure import Evidence, measure
+
+    saved = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {"context": {}}
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    names = saved["context"].get("scenarios") or sorted(p.parent.parent.name for p in out.glob("*/*/evidence.json"))
+    for name in names:
+        runs = {}
+        for executor in ("stock", "fenced"):
+            path = out / name / executor / "evidence.json"
+            if path.exists():
+                runs[executor] = Evidence(**json.loads(path.read_text()))
+                results.setdefault(name, {})[executor] = measure(runs[executor])
+        if runs:
+            report.write_timeline(name, runs, out / f"{name}-timeline.png")
+    report.write_markdown(results, out / "report.md", saved["context"])
+    (out / "headline.md").write_text(report.headline_markdown(results, saved["context"]))
+    say(report.headline_markdown(results, saved["context"]))
 
 
 def _on_node(args: argparse.Namespace, say) -> dict[str, dict[str, dict[str, Any]]]:
@@ -167,11 +229,18 @@ def main(argv: list[str] | None = None) -> int:
         from fenced_k8s_lab.bench import main as bench_main
 
         return bench_main(argv[1:]) or 0
+    if argv[:1] == ["report"]:
+        if len(argv) != 2:
+            raise SystemExit("usage: fenced-k8s-repro report OUT (a directory a run with --out wrote)")
+        rerender(Path(argv[1]))
+        return 0
     if argv[:1] == ["image"]:
         from fenced_k8s_lab.image import main as image_main
 
         return image_main(argv[1:])
-    run(_parser().parse_args(argv))
+    args = _parser().parse_args(argv)
+    args.command = " ".join(["fenced-k8s-repro", *argv])
+    run(args)
     return 0
 
 

@@ -70,7 +70,7 @@ class RunContext:
     def trigger(self, run_id: str | None = None) -> None:
         run = self.stack.client().trigger(self.dag_id, run_id=run_id)
         self.run_id = run["dag_run_id"]
-        self.say(f"  triggered {self.dag_id} run {self.run_id}")
+        self.note(f"DAG run triggered ({self.width} tasks)")  # a step of its own on the timeline
 
     def trigger_neighbour(self, run_id: str | None = None) -> None:
         run = self.neighbour.client().trigger(self.dag_id, run_id=run_id)

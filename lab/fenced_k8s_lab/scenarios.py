@@ -267,6 +267,35 @@ _STORM_ENV = {
     "AIRFLOW__KUBERNETES_EXECUTOR__TASK_PUBLISH_MAX_RETRIES": "-1",
 }
 
+#: One line per scenario: what it does to the cluster (the report's scenario lines).
+WHAT_IT_DOES = {
+    "pending_storm": "Pod creation answered 403 (namespace quota) for 35 s while one scheduler froze 26 s and pods "
+                     "started slowly, 2 at a time: stuck-in-queued re-queued the tasks and old jobs created pods "
+                     "once the quota freed.",
+    "clear_churn": "Queued tasks cleared through the REST API while their first pods were still Pending (those "
+                   "start 25 s late).",
+    "late_start": "clear_churn with the fenced executor's sweep off, so stale pods reach their container start and "
+                  "meet the launch gate.",
+    "zombie_scheduler": "The pending storm, then one scheduler frozen (SIGSTOP) 55 s while it owned Pending pods, "
+                        "then woken with its old state.",
+    "failover": "The pending storm, then one scheduler killed (SIGKILL) while it owned Pending pods.",
+    "failover_noretry": "failover with retries=0 on the DAG: every try HA burns is a failed task.",
+    "watch_gap": "The pending storm, with every watch answered 410 Gone and closed every 6 s while pods finished.",
+    "flaky_api": "Pod creates that time out after the API server stored the pod, then bursts of 429 on create and "
+                 "503 on list/get.",
+    "zombie_backlog": "One scheduler frozen 80 s with pod creations still in its task queue, then woken.",
+    "api_faults": "Five bursts of HTTP 500 on every pod verb the schedulers use, plus dropped connections and "
+                  "closed watches.",
+    "clear_running": "Running tasks cleared through the REST API, as a user re-running a task would.",
+    "retry_storm": "Every task failed its first try on purpose, more first-try failures than executor slots.",
+    "shared_namespace": "A second Airflow deployment (own database, same executor) ran the same DAG in the same "
+                        "namespace.",
+    "rolling_restart": "Both schedulers replaced one after the other as a rolling update does, the queued tasks "
+                       "cleared right after each SIGTERM, while pods took 35-70 s to start.",
+    "db_outage": "The metadata database stopped for 20 s while pods were Pending; crashed schedulers restarted, "
+                 "then the queued tasks cleared.",
+}
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (

@@ -153,6 +153,21 @@ def test_production_starts_in_audit_mode_with_metrics():
     assert values["pgbouncer"]["enabled"] is False or values["pgbouncer"].get("configSecretName")
 
 
+def test_production_image_tag_follows_the_version():
+    """`<airflow>-fenced-<version>` in the production values and the docs that build it, and the
+    version has its CHANGELOG entry: one number names one build."""
+    import fenced_k8s_executor
+
+    version = fenced_k8s_executor.__version__
+    images = _values("fenced-production.yaml")["images"]
+    tags = {images["airflow"]["tag"], images["pod_template"]["tag"]}
+    assert tags == {f"3.3.2-fenced-{version}"}
+    for doc in ("docs/helm.md", "README.md"):
+        found = set(re.findall(r"\d+\.\d+\.\d+-fenced-[0-9.]+\d", (ROOT / doc).read_text()))
+        assert found == tags, f"{doc} names {found}"
+    assert f"\n## {version}\n" in (ROOT / "CHANGELOG.md").read_text()
+
+
 def test_kind_values_keep_evidence_and_expose_the_api_server():
     cluster = _load(KIND_CONFIG / "cluster.yaml")
     host_ports = {

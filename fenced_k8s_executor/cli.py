@@ -1,0 +1,124 @@
+"""``airflow fenced-k8s pods``: this deployment's worker pods by launch standing, and what enforce
+mode would do to each.
+
+The operator's view before switching audit -> enforce: the same verdicts the sweep and the loop's
+reconcile apply, computed from the same reads (this deployment's id from the metadata DB, pod
+metadata from the API server, the tasks' current rows). Read-only: it lists and reads, never
+deletes or patches, and needs no scheduler. Airflow imports this module on every ``airflow`` call
+to build its parser, so everything heavy is imported inside the command.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+GROUP = "fenced-k8s"
+EXECUTOR_PODS = "kubernetes_executor=True"
+DELETE, KEEP = "delete", "keep"
+
+
+def commands() -> list:
+    """The ``fenced-k8s`` command group (its arguments and a lazily imported function)."""
+    from airflow.cli.cli_config import ARG_OUTPUT, ActionCommand, Arg, GroupCommand, lazy_load_command
+
+    namespace = Arg(("--namespace",), default=None,
+                    help="List this namespace only (default: the executor's namespace, or its "
+                    "multi_namespace_mode_namespace_list)")
+    pods = ActionCommand(
+        name="pods",
+        help="List this deployment's worker pods by launch standing and what enforce mode would do to each "
+             "(read-only)",
+        func=lazy_load_command("fenced_k8s_executor.cli.pods_command"),
+        args=(namespace, ARG_OUTPUT),
+    )
+    return [GroupCommand(name=GROUP, help="Inspect the fenced KubernetesExecutor's launches", subcommands=(pods,))]
+
+
+def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str, str]:
+    """(standing, what enforce would do, why) for one pod; ``row`` is its task's current row
+    (None: no row), ``deployment`` a ``deployment.Deployment``."""
+    from fenced_k8s_executor import verdicts
+    from fenced_k8s_executor.metrics import short
+
+    launch = ref.launch
+    if launch is None or launch.legacy:
+        return "legacy (no token)", KEEP, "no launch token (stock, or before the switch): never fenced"
+    if not verdicts.owned(launch, deployment.id):
+        if launch.deployment and launch.deployment == deployment.address_id:
+            return "this deployment (0.1.0 stamp)", KEEP, "the id 0.1.0 derived from the DB address: left alone"
+        return "another deployment's", KEEP, f"stamped {launch.deployment or 'with no deployment'}: never touched"
+    standing = verdicts.standing(launch, row)
+    verdict = verdicts.should_delete(launch, row, deployment.id)
+    name = {verdicts.Standing.TASK_GONE: "task gone", verdicts.Standing.LEGACY_LAUNCH: "legacy (no task)",
+            verdicts.Standing.LEGACY_ROW: "legacy row"}.get(standing, standing.value)
+    if ref.deleting:
+        return name, KEEP, "already being deleted"
+    if finished:
+        return name, KEEP, "finished: delete_worker_pods decides, as for stock"
+    if verdict.act:
+        why = ("the task has no row (run or DAG deleted)" if standing is verdicts.Standing.TASK_GONE
+               else f"the task's row names launch {short(row.token)} now")
+        return name, DELETE, why
+    return name, KEEP, {verdicts.Standing.CURRENT: "the task's row names this launch",
+                        verdicts.Standing.LEGACY_ROW: "the task's row has no token: no evidence",
+                        verdicts.Standing.LEGACY_LAUNCH: "the pod names no task"}.get(standing, verdict.reason.value)
+
+
+def survey(kube_client: Any, namespaces: Iterable[str | None], deployment: Any, *, request_args: dict | None = None,
+           page_size: int = 500) -> list[dict]:
+    """One row per executor pod in ``namespaces``: metadata-only lists (all pods, then the
+    unfinished ones, which tells the finished apart) and one DB read per page of this deployment's."""
+    from fenced_k8s_executor import ledger, pods, sweep, verdicts
+    from fenced_k8s_executor.metrics import short
+
+    out = []
+    for namespace in namespaces:
+        unfinished = {(ref.namespace, ref.name) for page in pods.list_pages(
+            kube_client, namespace, label_selector=EXECUTOR_PODS, field_selector=sweep.SWEEP_FIELD_SELECTOR,
+            page_size=page_size, request_args=request_args) for ref in page}
+        for page in pods.list_pages(kube_client, namespace, label_selector=EXECUTOR_PODS, page_size=page_size,
+                                    request_args=request_args):
+            ours = [ref.launch.task for ref in page if verdicts.owned(ref.launch, deployment.id) and ref.launch.task]
+            rows = ledger.read_rows(ours) if ours else {}
+            for ref in page:
+                launch = ref.launch
+                task = launch.task if launch is not None else None
+                standing, action, why = judge(ref, rows.get(task) if task else None, deployment,
+                                              (ref.namespace, ref.name) not in unfinished)
+                out.append({"namespace": ref.namespace, "pod": ref.name,
+                            "task": f"{task[0]}.{task[1]} {task[2]}" + (f" [{task[3]}]" if task[3] >= 0 else "")
+                            if task else "-",
+                            "try": launch.try_number if launch is not None else "-",
+                            "launch": short(launch.token) if launch is not None and launch.token else "-",
+                            "standing": standing, "enforce would": action, "why": why})
+    return sorted(out, key=lambda r: (r["enforce would"] != DELETE, r["standing"], r["namespace"], r["pod"]))
+
+
+def pods_command(args: Any) -> None:
+    from airflow.cli.simple_table import AirflowConsole
+    from airflow.configuration import conf
+    from airflow.providers.cncf.kubernetes.kube_client import get_kube_client
+    from airflow.providers.cncf.kubernetes.kube_config import KubeConfig
+
+    from fenced_k8s_executor import config, deployment, guards
+
+    fence = config.load(conf)
+    found = deployment.resolve(fence)
+    kube_config = KubeConfig()
+    if args.namespace:
+        namespaces: list[str | None] = [args.namespace]
+    elif kube_config.multi_namespace_mode:
+        namespaces = list(kube_config.multi_namespace_mode_namespace_list or [None])
+    else:
+        namespaces = [kube_config.kube_namespace]
+    rows = survey(get_kube_client(), namespaces, found,
+                  request_args=guards.request_args(kube_config.kube_client_request_args))
+    table = args.output in ("table", "plain")
+    if table:
+        where = ", ".join(n or "all namespaces" for n in namespaces)
+        print(f"deployment {found.id} ({found.source}), mode {fence.mode.value}, {where}")
+    AirflowConsole().print_as(data=rows, output=args.output)
+    if table:
+        deleting = [r for r in rows if r["enforce would"] == DELETE]
+        print(f"{len(rows)} pods; enforce would delete {len(deleting)} and keep {len(rows) - len(deleting)}"
+              + ("" if fence.enforcing or not deleting else f" (mode {fence.mode.value}: nothing is deleted now)"))

@@ -1,0 +1,76 @@
+"""``airflow fenced-k8s pods``: its registration (light to import: Airflow builds its parser on
+every ``airflow`` call) and the judgement of each pod, table-driven. The command itself runs
+against real PostgreSQL and a real Kubernetes API in tests/integration/test_cli_pods.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fenced_k8s_executor.cli import DELETE, KEEP, judge
+from fenced_k8s_executor.deployment import Deployment
+from fenced_k8s_executor.launch import LaunchIdentity, TaskRow
+from fenced_k8s_executor.pods import PodRef
+
+OURS = Deployment("db-ours", "database", address_id="db-old-address")
+TOKEN, NEWER = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
+TASK = dict(dag_id="d", task_id="t", run_id="r", map_index=-1)
+
+
+def _ref(token=TOKEN, deployment="db-ours", deleting=False, **task):
+    launch = LaunchIdentity(ti_id="ti", token=token, try_number=1, deployment=deployment, **{**TASK, **task})
+    return PodRef("p", "ns", "uid", launch, deleting)
+
+
+def _row(token):
+    return TaskRow("ti2", "queued", 1, None, token, **TASK)
+
+
+@pytest.mark.parametrize("ref, row, finished, expected", [
+    (_ref(), _row(TOKEN), False, ("current", KEEP, "names this launch")),
+    (_ref(), _row(NEWER), False, ("superseded", DELETE, "names launch 22222222 now")),
+    (_ref(), None, False, ("task gone", DELETE, "no row")),
+    (_ref(), _row(NEWER), True, ("superseded", KEEP, "finished")),
+    (_ref(deleting=True), None, False, ("task gone", KEEP, "already being deleted")),
+    (_ref(), _row(None), False, ("legacy row", KEEP, "no token")),
+    (_ref(run_id=None), None, False, ("legacy (no task)", KEEP, "names no task")),
+    (_ref(token=None), None, False, ("legacy (no token)", KEEP, "never fenced")),
+    (PodRef("p", "ns", "uid", None), None, False, ("legacy (no token)", KEEP, "never fenced")),
+    (_ref(deployment="db-theirs"), None, False, ("another deployment's", KEEP, "db-theirs")),
+    (_ref(deployment=None), None, False, ("another deployment's", KEEP, "no deployment")),
+    (_ref(deployment="db-old-address"), None, False, ("this deployment (0.1.0 stamp)", KEEP, "left alone")),
+])
+def test_judge(ref, row, finished, expected):
+    standing, action, why = judge(ref, row, OURS, finished)
+    assert (standing, action) == expected[:2]
+    assert expected[2] in why
+    assert TOKEN not in why and NEWER not in why  # short forms only
+
+
+def test_the_executor_keeps_the_providers_commands_and_adds_its_own():
+    from fenced_k8s_executor import FencedKubernetesExecutor
+
+    groups = {g.name: g for g in FencedKubernetesExecutor.get_cli_commands()}
+    assert list(groups) == ["kubernetes", "fenced-k8s"]
+    assert "cleanup-pods" in {c.name for c in groups["kubernetes"].subcommands}
+    assert [c.name for c in groups["fenced-k8s"].subcommands] == ["pods"]
+
+
+def test_airflow_builds_its_parser_with_the_command_without_importing_the_runtime(tmp_path):
+    """What every ``airflow`` call does: the provider's ``cli`` section gives the group; neither
+    the executor, the fences' DB and API modules nor the kubernetes client are imported for it."""
+    probe = ("import json, sys\nfrom airflow.cli import cli_parser\n"
+             "print(json.dumps({'groups': sorted(cli_parser.ALL_COMMANDS_DICT),"
+             " 'modules': sorted(m for m in sys.modules if m.startswith(('fenced_k8s_executor', 'kubernetes')))}))")
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"kubernetes", "fenced-k8s"} <= set(seen["groups"])
+    heavy = {"fenced_k8s_executor.executor", "fenced_k8s_executor.ledger", "fenced_k8s_executor.pods",
+             "fenced_k8s_executor.deployment", "kubernetes.client"}
+    assert not heavy & set(seen["modules"]), seen["modules"]
