@@ -45,10 +45,10 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str
         return "legacy (no token)", KEEP, "no launch token (stock, or before the switch): never fenced"
     if not verdicts.owned(launch, deployment.id):
         if launch.deployment and launch.deployment == deployment.address_id:
-            return "this deployment (0.1.0 stamp)", KEEP, "the id 0.1.0 derived from the DB address: left alone"
+            return "this deployment (old stamp)", KEEP, "the id builds before 0.2.0 derived from the DB address: left alone"
         return "another deployment's", KEEP, f"stamped {launch.deployment or 'with no deployment'}: never touched"
     standing = verdicts.standing(launch, row)
-    verdict = verdicts.should_delete(launch, row, deployment.id)
+    verdict = verdicts.should_delete(launch, row, deployment.id, ref.name)
     name = {verdicts.Standing.TASK_GONE: "task gone", verdicts.Standing.LEGACY_LAUNCH: "legacy (no task)",
             verdicts.Standing.LEGACY_ROW: "legacy row"}.get(standing, standing.value)
     if ref.deleting:
@@ -61,7 +61,9 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str
         return name, DELETE, why
     return name, KEEP, {verdicts.Standing.CURRENT: "the task's row names this launch",
                         verdicts.Standing.LEGACY_ROW: "the task's row has no token: no evidence",
-                        verdicts.Standing.LEGACY_LAUNCH: "the pod names no task"}.get(standing, verdict.reason.value)
+                        verdicts.Standing.LEGACY_LAUNCH: "the pod names no task"}.get(
+        standing, "the task's row names this pod as its host: left to finish"
+        if verdict.reason is verdicts.Reason.RUNS_THE_TASK else verdict.reason.value)
 
 
 def survey(kube_client: Any, namespaces: Iterable[str | None], deployment: Any, *, request_args: dict | None = None,

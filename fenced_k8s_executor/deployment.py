@@ -3,7 +3,7 @@
 A fence judges a pod against *this* deployment's metadata DB, so "no row for its task" is evidence
 only for pods this deployment launched. The id must therefore name the database itself, not the
 address a scheduler reaches it by: behind a Cloud SQL Auth Proxy or a pgbouncer sidecar, two
-deployments reach two databases at the same ``127.0.0.1:5432/airflow``. 0.1.0 hashed that address,
+deployments reach two databases at the same ``127.0.0.1:5432/airflow``. Builds before 0.2.0 hashed that address,
 so two such deployments in one namespace deleted each other's current pods.
 
 The id, in order:
@@ -40,11 +40,11 @@ ATTEMPTS, PAUSE = 3, 2.0
 
 @dataclass(frozen=True)
 class Deployment:
-    """This deployment's id, where it came from, and the id 0.1.0 derived from the address."""
+    """This deployment's id, where it came from, and the id builds before 0.2.0 derived from the address."""
 
     id: str
     source: str  # CONFIGURED | DATABASE | ADDRESS
-    address_id: str | None = None  # what 0.1.0 stamped (pods carrying it are left alone)
+    address_id: str | None = None  # what builds before 0.2.0 stamped (pods carrying it are left alone)
 
 
 def _hashed(*parts: object) -> str:
@@ -52,7 +52,8 @@ def _hashed(*parts: object) -> str:
 
 
 def address_id(url: Any) -> str:
-    """0.1.0's id: a hash of the DB address without credentials (kept to say what upgrades see)."""
+    """The id of builds before 0.2.0: a hash of the DB address without credentials (kept to say what
+    upgrades see)."""
     url = _url(url)
     return _hashed(url.get_backend_name(), (url.host or "").lower(), url.port or "", url.database or "")
 

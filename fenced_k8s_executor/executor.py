@@ -110,7 +110,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
             metrics.incr("deployment.unresolved")
             return None
         if found.address_id and found.address_id != found.id:
-            log.info("fenced_k8s_executor deployment=%s (%s); pods stamped %s by 0.1.0 (derived from the DB address) "
+            log.info("fenced_k8s_executor deployment=%s (%s); pods stamped %s by builds before 0.2.0 (the DB address) "
                      "are not this id's and are never deleted by a fence", found.id, found.source, found.address_id)
         return found.id
 

@@ -292,6 +292,8 @@ WHAT_IT_DOES = {
                         "namespace.",
     "rolling_restart": "Both schedulers replaced one after the other as a rolling update does, the queued tasks "
                        "cleared right after each SIGTERM, while pods took 35-70 s to start.",
+    "api_cut_off": "One scheduler's every API call answered 503 for 40 s while it heartbeat and the queued tasks "
+                   "were cleared through the REST API with their pods Pending (35-70 s to start).",
     "db_outage": "The metadata database stopped for 20 s while pods were Pending; crashed schedulers restarted, "
                  "then the queued tasks cleared.",
 }

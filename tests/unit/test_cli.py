@@ -22,18 +22,19 @@ TASK = dict(dag_id="d", task_id="t", run_id="r", map_index=-1)
 
 
 def _ref(token=TOKEN, deployment="db-ours", deleting=False, **task):
-    launch = LaunchIdentity(ti_id="ti", token=token, try_number=1, deployment=deployment, **{**TASK, **task})
+    launch = LaunchIdentity(ti_id="33333333-3333-4333-8333-333333333333", token=token, try_number=1, deployment=deployment, **{**TASK, **task})
     return PodRef("p", "ns", "uid", launch, deleting)
 
 
-def _row(token):
-    return TaskRow("ti2", "queued", 1, None, token, **TASK)
+def _row(token, hostname=None):
+    return TaskRow("ti2", "queued", 1, None, token, **TASK, hostname=hostname)
 
 
 @pytest.mark.parametrize("ref, row, finished, expected", [
     (_ref(), _row(TOKEN), False, ("current", KEEP, "names this launch")),
     (_ref(), _row(NEWER), False, ("superseded", DELETE, "names launch 22222222 now")),
     (_ref(), None, False, ("task gone", DELETE, "no row")),
+    (_ref(), _row(NEWER, hostname="p"), False, ("superseded", KEEP, "its host")),
     (_ref(), _row(NEWER), True, ("superseded", KEEP, "finished")),
     (_ref(deleting=True), None, False, ("task gone", KEEP, "already being deleted")),
     (_ref(), _row(None), False, ("legacy row", KEEP, "no token")),
@@ -42,7 +43,7 @@ def _row(token):
     (PodRef("p", "ns", "uid", None), None, False, ("legacy (no token)", KEEP, "never fenced")),
     (_ref(deployment="db-theirs"), None, False, ("another deployment's", KEEP, "db-theirs")),
     (_ref(deployment=None), None, False, ("another deployment's", KEEP, "no deployment")),
-    (_ref(deployment="db-old-address"), None, False, ("this deployment (0.1.0 stamp)", KEEP, "left alone")),
+    (_ref(deployment="db-old-address"), None, False, ("this deployment (old stamp)", KEEP, "left alone")),
 ])
 def test_judge(ref, row, finished, expected):
     standing, action, why = judge(ref, row, OURS, finished)
