@@ -1,16 +1,19 @@
 """The DB reads the verdicts need: one statement per scheduler loop.
 
 Rows are found by task (dag_id, task_id, run_id, map_index: the unique key every TI row keeps
-across clears and retries), not by row id, whenever a fence needs the row itself: a clear or a
-retry gives the row a new id, and only the token then says whether a pod is still the task's
-current launch.
+across clears and retries), not by row id: a clear or a retry gives the row a new id, and only the
+token then says whether a pod is still the task's current launch.
 
-The launches in flight are asked differently (``InFlightReads``): every loop re-checks every one
-of them, so the statement must cost the launches that did not change (nearly all of them) as
-little as possible. It sends one ``uuid[]`` of their TI ids and one array of their tokens, probes
-the primary key, and returns only what changed: a row that names another token (or none), and
-the ids that vanished (a clear, a retry or a reset gave the task a new id). From the next loop on,
-a launch whose id vanished is asked by its task key, in the same statement.
+The launches in flight are asked differently (``InFlightReads``): every loop re-checks every one of
+them, so the statement must cost the launches that did not change (nearly all of them) as little
+as possible. It sends nothing per launch. A launch is current when its token is one of the tokens
+of the *live set*, the rows in the states a launch in flight has (queued, running), found through
+airflow-core's own index on ``state``: tokens are minted per QUEUED transition and never reused, so
+a token in a live row is that task's current launch. Each loop asks for a digest of the live set
+(its size and the sum of its tokens' hashes) and gets the tokens themselves only when the digest
+moved; the launches whose token is not in the set (superseded, or current in another state: a
+clear of a running task leaves it RESTARTING under its token) are asked by task key, in the same
+statement from the loop after they were first seen outside.
 
 Always an independent connection (never the scoped session): the executor's hooks may run inside
 the scheduler's own transaction, whose row locks must not be committed or released early. On
@@ -31,6 +34,9 @@ ROUND_TRIPS = 0
 _COLUMNS = ("id", "state", "try_number", "queued_by_job_id", "external_executor_id", "dag_id", "task_id", "run_id",
             "map_index", "hostname")
 _KEY = ("dag_id", "task_id", "run_id", "map_index")
+#: The states of the rows whose tokens make the live set: a launch's pod is in flight while its
+#: row is queued (the pod not started yet) or running.
+LIVE_STATES = ("queued", "running")
 
 
 def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
@@ -38,7 +44,7 @@ def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
 
     Raises on DB errors: callers treat an error as "no evidence", never as "gone".
     """
-    return InFlightReads().read(tasks, ()).rows
+    return InFlightReads().read(tasks).rows
 
 
 @dataclass(frozen=True)
@@ -50,39 +56,29 @@ class Reading:
     changed: dict[str, TaskRow | None]  # token of a launch in flight -> its task's row (None: no row)
 
 
-def _array(values: Iterable[str]) -> str:
-    """A PostgreSQL array literal of values that need no quoting (UUIDs): one string, built in
-    microseconds, where a list would be adapted element by element on every loop."""
-    return "{" + ",".join(values) + "}"
-
-
 @dataclass(frozen=True)
 class Probe:
-    """The launches in flight as the loop's statement asks about them, built once per change of the
-    set (not per loop): one launch per token, and its TI ids and tokens as PostgreSQL array literals."""
+    """The launches in flight as the loop's statement asks about them, one per token: built once per
+    change of the set, not per loop."""
 
     launches: dict[str, LaunchIdentity]
-    ids: str
-    tokens: str
 
 
 def probe(launches: Iterable[LaunchIdentity]) -> Probe:
     """Launches without a token or task are left out (legacy, or malformed: never put to the database)."""
-    flying = {launch.token: launch for launch in launches if launch.token and launch.task is not None}
-    return Probe(flying, _array(launch.ti_id for launch in flying.values()), _array(flying))
+    return Probe({launch.token: launch for launch in launches if launch.token and launch.task is not None})
 
 
 NOTHING = probe(())
 
 
 class InFlightReads:
-    """The loop's reads, remembering across loops which launches' TI ids vanished (asked by task key).
-
-    Only the launches of the last read are remembered, so memory follows the launches in flight.
-    """
+    """The loop's reads, remembering the live set between loops: its digest, its tokens, and which
+    launches in flight were outside it (asked by task key)."""
 
     def __init__(self) -> None:
-        self._by_key: set[str] = set()
+        self._digest: tuple[int, int] | None = None
+        self._live: frozenset[str] = frozenset()
 
     def read(self, tasks: Iterable[TaskKey | None], launches: Probe | Iterable[LaunchIdentity] = NOTHING) -> Reading:
         """Rows of ``tasks``, and each launch of ``launches`` whose task's current row does not name
@@ -91,29 +87,23 @@ class InFlightReads:
         from airflow import settings
 
         wanted = {tuple(task) for task in tasks if task is not None}
-        asked = launches if isinstance(launches, Probe) else probe(launches)
-        flying = asked.launches
-        if self._by_key:
-            self._by_key &= flying.keys()
+        flying = (launches if isinstance(launches, Probe) else probe(launches)).launches
         if not wanted and not flying:
             return Reading({}, {})
         engine = settings.engine
         ROUND_TRIPS += 1
         if engine.dialect.name != "postgresql":
             return _read_portable_loop(engine, wanted, flying)
-        by_key = [flying[token] for token in self._by_key]
-        rows, changed, vanished = _read_postgresql_loop(engine, wanted, asked, by_key)
-        vanished -= self._by_key  # asked by id too (the literal is built once), answered by key
-        # A row found by the launch's TI id must be its task's: a pod whose id and annotations
-        # disagree is judged by its own task's row, never by the row its id happens to name.
-        vanished |= {token for token, row in changed.items() if row is not None and row.task != flying[token].task}
-        for token in vanished:
-            changed.pop(token, None)
-        if vanished:  # their ids are gone: ask by task key, now and from the next loop on
-            self._by_key |= vanished
-            ROUND_TRIPS += 1
-            _, found, _ = _read_postgresql_loop(engine, set(), NOTHING, [flying[token] for token in vanished])
-            changed.update(found)
+        outside = [launch for token, launch in flying.items() if token not in self._live]
+        digest = self._digest if flying else None
+        rows, changed, live = _read_postgresql_loop(engine, wanted, outside, digest, bool(flying))
+        if live is not None:  # the live set moved: launches it no longer holds are asked by key now
+            self._digest, self._live = live
+            asked = {launch.token for launch in outside}
+            late = [launch for token, launch in flying.items() if token not in self._live and token not in asked]
+            if late:
+                ROUND_TRIPS += 1
+                changed.update(_read_postgresql_loop(engine, set(), late, None, False)[1])
         return Reading(rows, changed)
 
 
@@ -126,24 +116,27 @@ def _read_portable_loop(engine: Any, wanted: set, flying: dict[str, LaunchIdenti
     return Reading({task: row for task, row in rows.items() if task in wanted}, changed)
 
 
-def _read_postgresql_loop(engine: Any, wanted: set, by_id: Probe, by_key: list) -> tuple[dict, dict, set]:
-    """(rows of ``wanted``, changed launches, tokens of launches whose TI id vanished)."""
-    ours = list(zip(*wanted)) if wanted else [(), (), (), ()]
-    keyed = list(zip(*(launch.task for launch in by_key))) if by_key else [(), (), (), ()]
-    params: dict[str, Any] = {"ids": by_id.ids, "tokens": by_id.tokens,
-                              "key_tokens": _array(launch.token for launch in by_key)}
-    for prefix, columns in (("", ours), ("key_", keyed)):
-        for name, column in zip(("dag_ids", "task_ids", "run_ids", "map_indexes"), columns):
+def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[int, int] | None,
+                          live: bool) -> tuple[dict, dict, tuple | None]:
+    """(rows of ``wanted``, changed launches of ``by_key``, the live set's (digest, tokens) when
+    ``live`` is asked and its digest is not ``digest``; None when it did not move)."""
+    parts = frozenset(part for part, present in (("o", wanted), ("k", by_key), ("d", live)) if present)
+    count, total = digest or (-1, -1)
+    params: dict[str, Any] = {"key_tokens": [launch.token for launch in by_key], "count": count, "sum": str(total)}
+    for prefix, tasks in (("", wanted), ("key_", [launch.task for launch in by_key])):
+        for name, column in zip(("dag_ids", "task_ids", "run_ids", "map_indexes"),
+                                zip(*tasks) if tasks else [(), (), (), ()]):
             params[prefix + name] = list(column)
-    rows, changed, vanished = [], {}, set()
-    for kind, token, *row in _execute(engine, _loop_statement(engine), params):
+    rows, changed, moved = [], {}, None
+    for kind, token, *row in _execute(engine, _loop_statement(engine, parts), params) if parts else ():
         if kind == "o":
             rows.append(row)
-        elif kind == "m":
-            vanished.add(token)
-        elif kind == "k" or token not in changed:  # "s" (by id) or "k" (by key, which wins): the row or NULLs
+        elif kind == "d":  # (count, sum, the tokens when the digest moved)
+            if row[4] is not None:
+                moved = ((int(row[0]), int(row[1])), frozenset(row[4].split(",")) if row[4] else frozenset())
+        else:  # "k": the task's row naming another token, or NULLs when the task has no row
             changed[token] = None if row[0] is None else _row(row)
-    return _rows_of(rows, wanted), changed, vanished
+    return _rows_of(rows, wanted), changed, moved
 
 
 def _execute(engine: Any, statement: str, params: dict) -> list:
@@ -175,38 +168,51 @@ def _columns() -> dict[str, Any]:
     return {name: TaskInstance.__table__.c[name] for name in _COLUMNS}
 
 
-@functools.lru_cache(maxsize=4)
-def _loop_statement(engine: Any) -> str:
-    """The loop's one statement: four kinds of rows in one snapshot, told apart by the first column.
+@functools.lru_cache(maxsize=16)
+def _loop_statement(engine: Any, parts: frozenset) -> str:
+    """The loop's one statement: up to three kinds of rows in one snapshot, told apart by the first
+    column, with only the ``parts`` the loop needs (an idle loop plans the digest alone):
 
-    ``o``: rows of the tasks asked for whole; ``s``: a launch (asked by TI id) whose row names
-    another token or none; ``m``: a launch whose TI id no longer exists; ``k``: a launch asked by
-    task key whose task's row names another token, or NULLs when the task has no row. A launch
-    whose row names its token returns nothing: the steady state costs its index probe alone.
+    ``o``: rows of the tasks asked for whole; ``k``: a launch asked by task key whose task's row
+    names another token, or NULLs when the task has no row (a launch whose row names its token
+    returns nothing); ``d``: the live set's size and token-hash sum, and its tokens (comma-joined)
+    only when those differ from the ones sent (the subquery runs only then).
+
+    Each by-key probe is a LATERAL subquery behind LIMIT 1, which the planner cannot turn into a
+    hash join over the whole task_instance table (which it chose for a thousand keys).
     """
     from airflow.models.taskinstance import TaskInstance
 
     prepare = engine.dialect.identifier_preparer
     table = prepare.format_table(TaskInstance.__table__)
     c = {name: prepare.format_column(column) for name, column in _columns().items()}
+    inner = ", ".join(f"t.{c[name]} AS {name}" for name in _COLUMNS)
     # The id as text: the driver would build a uuid.UUID per row only for str() to undo it.
-    columns = ", ".join(f"ti.{c[name]}" + ("::text" if name == "id" else "") for name in _COLUMNS)
-    nulls = ", ".join(["NULL"] * len(_COLUMNS))
-    on = " AND ".join(f"ti.{c[name]} = {{w}}.{name}" for name in _KEY)
-    differs = f"ti.{c['external_executor_id']} IS DISTINCT FROM {{w}}.token"
-    return (
-        "WITH ours AS (SELECT * FROM unnest(%(dag_ids)s::varchar[], %(task_ids)s::varchar[], %(run_ids)s::varchar[],"
-        " %(map_indexes)s::integer[]) AS w(dag_id, task_id, run_id, map_index)),"
-        " by_id AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::varchar[]) AS p(id, token)),"
-        " by_key AS (SELECT * FROM unnest(%(key_dag_ids)s::varchar[], %(key_task_ids)s::varchar[],"
-        " %(key_run_ids)s::varchar[], %(key_map_indexes)s::integer[], %(key_tokens)s::varchar[])"
-        " AS k(dag_id, task_id, run_id, map_index, token))"
-        f" SELECT 'o', NULL, {columns} FROM {table} AS ti JOIN ours ON {on.format(w='ours')}"
-        f" UNION ALL SELECT CASE WHEN ti.{c['id']} IS NULL THEN 'm' ELSE 's' END, by_id.token,"
-        f" {columns} FROM by_id LEFT JOIN {table} AS ti ON ti.{c['id']} = by_id.id"
-        f" WHERE ti.{c['id']} IS NULL OR {differs.format(w='by_id')}"
-        f" UNION ALL SELECT 'k', by_key.token, {columns} FROM by_key LEFT JOIN {table} AS ti ON {on.format(w='by_key')}"
-        f" WHERE ti.{c['id']} IS NULL OR {differs.format(w='by_key')}")
+    columns = ", ".join(f"ti.{name}" + ("::text" if name == "id" else "") for name in _COLUMNS)
+    by_key = " AND ".join(f"t.{c[name]} = {{w}}.{name}" for name in _KEY)
+    token = f"t.{c['external_executor_id']}"
+    states = ", ".join(f"'{state}'" for state in LIVE_STATES)
+    live = f"FROM {table} AS t WHERE t.{c['state']} IN ({states}) AND {token} IS NOT NULL"
+    digest = f"count(*) AS n, coalesce(sum(hashtextextended({token}, 0)::numeric), 0) AS s"
+
+    def probe(alias: str) -> str:
+        return f"LATERAL (SELECT {inner} FROM {table} AS t WHERE {by_key.format(w=alias)} LIMIT 1) AS ti"
+
+    keys = ("unnest(%({p}dag_ids)s::varchar[], %({p}task_ids)s::varchar[], %({p}run_ids)s::varchar[],"
+            " %({p}map_indexes)s::integer[]{extra}) AS {w}(dag_id, task_id, run_id, map_index{columns})")
+    branches = {
+        "o": f"SELECT 'o', NULL, {columns} FROM {keys.format(p='', extra='', w='w', columns='')}"
+             f" CROSS JOIN {probe('w')}",
+        "k": f"SELECT 'k', k.token, {columns}"
+             f" FROM {keys.format(p='key_', extra=', %(key_tokens)s::varchar[]', w='k', columns=', token')}"
+             f" LEFT JOIN {probe('k')} ON true"
+             f" WHERE ti.id IS NULL OR ti.external_executor_id IS DISTINCT FROM k.token",
+        "d": f"SELECT 'd', NULL, d.n::text, d.s::text, NULL::integer, NULL::integer,"
+             f" CASE WHEN d.n <> %(count)s OR d.s <> %(sum)s::numeric THEN"
+             f" (SELECT coalesce(string_agg({token}, ','), '') {live}) END,"
+             f" NULL, NULL, NULL, NULL::integer, NULL FROM (SELECT {digest} {live}) AS d",
+    }
+    return " UNION ALL ".join(branches[part] for part in ("o", "k", "d") if part in parts)
 
 
 def _read_portable(engine: Any, wanted: set) -> list:

@@ -84,7 +84,7 @@ def test_postgresql_read_misses_no_row_when_the_engine_streams_results(metadata_
         tasks = sorted((dag_id, t, run, -1) for t in ("a", "b", "c"))
         streaming = settings.engine.execution_options(stream_results=True)
 
-        rows, _, _ = ledger._read_postgresql_loop(streaming, set(tasks), ledger.NOTHING, [])
+        rows, _, _ = ledger._read_postgresql_loop(streaming, set(tasks), [], None, False)
 
         assert sorted(task for _, task, _, _ in rows) == ["a", "b", "c"]
     finally:
@@ -103,8 +103,8 @@ def _launch(row, token=None, task=None):
 def test_the_loop_read_returns_only_the_launches_whose_row_changed(world):
     """``InFlightReads.read`` on real PostgreSQL, against the portable reading of the same rows: the
     tasks asked for whole; of the launches in flight only those whose task's row no longer names
-    them (its row, or None when the task is gone); a launch whose TI id vanished (a clear gave the
-    task a new id) is found by its task key, in that loop and the next ones."""
+    them (its row, or None when the task is gone), whatever their row id. In a loop where nothing
+    moved, the statement returns the live set's digest alone; a change makes it fetch the tokens."""
     from airflow import settings
 
     from fenced_k8s_executor import ledger
@@ -118,11 +118,11 @@ def test_the_loop_read_returns_only_the_launches_whose_row_changed(world):
     task = lambda row: (row.dag_id, row.task_id, row.run_id, row.map_index)  # noqa: E731
     gone = _launch(t1, token=elsewhere, task=(world.dag_id, "no_such_task", world.run_id, -1))
     gone = dataclasses.replace(gone, ti_id=str(uuid.uuid4()))
-    # A pod whose TI id names another task than its annotations: judged by its own task, never by
-    # the row that id happens to name.
+    # A pod whose TI id names another task than its annotations: judged by its own task's row.
     mixed = _launch(t1, token=str(uuid.uuid4()), task=task(t2))
     launches = [_launch(t1), _launch(t2, token=other), _launch(t3), gone, mixed]
     reads = ledger.InFlightReads()
+    trips = ledger.ROUND_TRIPS
 
     reading = reads.read([task(t1)], launches)
     portable = ledger._read_portable_loop(settings.engine, {task(t1)}, {x.token: x for x in launches})
@@ -130,12 +130,18 @@ def test_the_loop_read_returns_only_the_launches_whose_row_changed(world):
     assert reading == portable
     assert set(reading.rows) == {task(t1)} and reading.rows[task(t1)].token == t1.token
     assert set(reading.changed) == {other, t3.token, elsewhere, mixed.token}  # t1's launch is current
-    assert reading.changed[other].ti_id == t2.id  # same id, another token (found by its id)
-    assert reading.changed[t3.token].ti_id == cleared.id  # found by its key once its id vanished
+    assert reading.changed[other].ti_id == t2.id
+    assert reading.changed[t3.token].ti_id == cleared.id  # found by its key, whatever its id
     assert reading.changed[elsewhere] is None  # the task is gone
     assert reading.changed[mixed.token].ti_id == t2.id  # its own task's row, not t1's
-    assert reads._by_key == {t3.token, elsewhere, mixed.token}
-    again = reads.read([], launches)  # the next loop: those asked by key from the start
-    assert again.changed == reading.changed
-    assert reads.read([], [_launch(t1)]).changed == {}  # forgotten once no longer in flight
-    assert reads._by_key == set()
+    assert t1.token in reads._live and t2.token in reads._live and t3.token not in reads._live
+    assert ledger.ROUND_TRIPS - trips == 1  # the first read asked every launch outside the (unknown) set by key
+
+    trips = ledger.ROUND_TRIPS
+    again = reads.read([], launches)  # nothing moved: the digest alone, and the outsiders by key
+    assert again.changed == reading.changed and ledger.ROUND_TRIPS - trips == 1
+    assert reads.read([], [_launch(t1)]).changed == {}
+
+    world.airflow.clear(t1)  # the live set moves: t1's launch left it; found within this read
+    moved = reads.read([], [_launch(t1)])
+    assert set(moved.changed) == {t1.token} and t1.token not in reads._live

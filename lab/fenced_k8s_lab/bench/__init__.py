@@ -23,7 +23,7 @@ FULL = {"history": (50, 40, 5), "queue_workloads": 500, "queue_reps": 6, "precre
         "precreate_reps": 8, "launch_pods": 500, "launch_reps": 4, "batch_size": 32, "state_events": 100,
         "state_reps": 6, "sweep_sizes": [100, 1000, 10000, 100000], "sweep_reps": 3, "stale_fraction": 0.01,
         "page_size": 1000, "sweep_namespaces": [1, 4, 16], "sweep_schedulers": [1, 2, 4], "sweep_fixed_pods": 10000,
-        "inflight_sizes": [10, 100, 1000], "inflight_syncs": 10, "loop_tasks": 200, "loop_per_loop": 2,
+        "inflight_sizes": [10, 100, 1000, 5000], "inflight_syncs": 12, "loop_tasks": 200, "loop_per_loop": 2,
         "loop_reps": 4, "heartbeat": 0.1, "kubelet_max_running": 16,
         "orphan_pods": 1000, "orphan_syncs": 40, "startup_pods": 10000, "startup_reps": 4}
 QUICK = {**FULL, "history": (10, 10, 5), "queue_workloads": 100, "queue_reps": 2, "precreate_reps": 2,
@@ -166,8 +166,10 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["inflight_sync_cpu_seconds"] = r["cpu_p50"]
             result["inflight_sync_ratio"] = {k: v["median"] for k, v in r["spread"].items()}
             spreads["inflight_sync_ratio"] = r["spread"]
+            spreads["inflight_sync_aa_ratio"] = r["aa_spread"]
+            result["inflight_explain"] = r["explain"]
             result["inflight_fit"] = {k: report.fit([int(n) for n in r["p50"]], [v[k] for v in r["p50"].values()])
-                                      for k in ("stock", "fenced")}
+                                      for k in ("stock", "fenced", "stock_b")}
         _checkpoint(args, backend, result, spreads, raw)
         if "loop" in only:
             progress("scheduler loop (in-process approximation)")

@@ -243,17 +243,21 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
     return out
 
 
-def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> dict:
+def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128, explain: tuple[int, ...] = (1000, 5000)
+              ) -> dict:
     """Idle syncs with N launches in flight (pods created, never started: no kubelet, so every
     one stays Pending and the fenced executor re-checks all N each loop). Per N: DB statements,
-    API calls and the time per sync, stock vs fenced, syncs alternating ABBA."""
+    API calls and the time per sync, stock vs fenced, syncs alternating ABBA, with a second stock
+    executor beside them whose ratio to the first is the run's own noise (the A/A spread); at the
+    sizes in ``explain``, the loop statement's ``EXPLAIN (ANALYZE, BUFFERS)``."""
     out: dict = {"sizes": sizes, "syncs": syncs, "raw": {}, "statements_per_sync": {}, "api_calls_per_sync": {},
-                 "p50": {}, "spread": {}, "pending": {}}
+                 "p50": {}, "spread": {}, "aa_spread": {}, "pending": {}, "explain": {}}
+    kinds = ("stock", "fenced", "stock_b")
     for n in sizes:
         execs = {}
-        for kind in ("stock", "fenced"):
+        for kind in kinds:
             ns = f"bench-inflight-{n}-{kind}"
-            ex = execs[kind] = lab.executor(kind, namespace=ns, batch_size=batch_size)
+            ex = execs[kind] = lab.executor(kind.split("_")[0], namespace=ns, batch_size=batch_size)
             for ti in lab.queued_tis(n, ex.job_id, f"inflight_{kind}"):
                 ex.queue_workload(workload(ti, ex), session=None)
             ex.trigger_tasks(open_slots=n)
@@ -264,13 +268,14 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> 
             for _ in range(3):  # let the watcher's ADDED/Pending events drain
                 time.sleep(0.2)
                 ex.sync()
-        pending = len(execs["fenced"].book.pending()) if hasattr(execs["fenced"], "book") else None
-        raw: dict = {"stock": [], "fenced": []}
+        pending = _in_flight_count(execs["fenced"])
+        raw: dict = {kind: [] for kind in kinds}
         mark = lab.audit_mark()
-        for i, kind in interleaved(syncs):
+        for i, kind in _rotated(syncs, kinds):
             ex = execs[kind]
             before = lab.trips.snapshot()
-            with profiled(lab, f"inflight_{n}_sync_{kind}") if i == 0 else nullcontext(), quiet_gc():
+            with profiled(lab, f"inflight_{n}_sync_{kind}") if i == 0 and kind != "stock_b" else nullcontext(), \
+                    quiet_gc():
                 s0, c0 = time.perf_counter(), time.process_time()
                 ex.sync()
                 seconds, cpu = time.perf_counter() - s0, time.process_time() - c0
@@ -287,10 +292,48 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128) -> 
         out["p50"][key] = {k: median([x["seconds"] for x in v]) for k, v in raw.items()}
         out.setdefault("cpu_p50", {})[key] = {k: median([x["cpu_seconds"] for x in v]) for k, v in raw.items()}
         out["spread"][key] = spread([x["seconds"] for x in raw["stock"]], [x["seconds"] for x in raw["fenced"]])
-        progress(f"in flight {n}: fenced pending {pending}; sync p50 stock {out['p50'][key]['stock'] * 1e3:.2f} ms,"
-                 f" fenced {out['p50'][key]['fenced'] * 1e3:.2f} ms; DB statements per sync"
+        out["aa_spread"][key] = spread([x["seconds"] for x in raw["stock"]], [x["seconds"] for x in raw["stock_b"]])
+        if n in explain and hasattr(getattr(execs["fenced"], "_reads", None), "_digest"):  # 0.2.0's statement
+            out["explain"][key] = _explain(lab, execs["fenced"])
+        progress(f"in flight {n}: fenced in flight {pending}; sync p50 stock {out['p50'][key]['stock'] * 1e3:.2f} ms,"
+                 f" fenced {out['p50'][key]['fenced'] * 1e3:.2f} ms (fenced/stock {fmt_spread(out['spread'][key])},"
+                 f" stock/stock {fmt_spread(out['aa_spread'][key])}); DB statements per sync"
                  f" {out['statements_per_sync'][key]}, API calls per sync {out['api_calls_per_sync'][key]}")
         for ex in execs.values():
             forget(ex)
             lab.end_executor(ex)
     return out
+
+
+def _rotated(syncs: int, kinds: tuple[str, ...]):
+    """Every kind once per round, the order rotating, so drift falls on every executor alike."""
+    for i in range(syncs):
+        shift = i % len(kinds)
+        for kind in kinds[shift:] + kinds[:shift]:
+            yield i, kind
+
+
+def _in_flight_count(executor) -> int | None:
+    """The launches the fenced executor re-checks each loop: its own not yet watched, and the watch's."""
+    book, pods = getattr(executor, "book", None), getattr(executor, "in_flight_pods", None)
+    if book is None:
+        return None
+    return len(book.pending()) + (len(pods.view) if pods is not None else 0)
+
+
+def _explain(lab: Lab, executor) -> list[str]:
+    """``EXPLAIN (ANALYZE, BUFFERS)`` of the loop's statement as an idle loop sends it (the live set's
+    digest, unmoved), then as the loop after a change sends it (the digest moved: the tokens too)."""
+    from fenced_k8s_executor import ledger
+
+    digest = executor._reads._digest or (-1, -1)
+    plans = []
+    for label, (count, total) in (("idle (digest unmoved)", digest), ("after a change (tokens fetched)", (-1, -1))):
+        params = {"key_tokens": [], "count": count, "sum": str(total)}
+        for prefix in ("", "key_"):
+            for name in ("dag_ids", "task_ids", "run_ids", "map_indexes"):
+                params[prefix + name] = []
+        statement = "EXPLAIN (ANALYZE, BUFFERS) " + ledger._loop_statement(lab.engine, frozenset("d"))
+        with lab.engine.connect() as conn:
+            plans += [f"-- {label}"] + [row[0] for row in conn.exec_driver_sql(statement, params).fetchall()]
+    return plans
