@@ -417,6 +417,14 @@ def needs_emulator(kube_api):
         pytest.skip("needs emulator-only controls (faults, compaction, close_watches); the real apiserver has none")
 
 
+@pytest.fixture
+def needs_write_faults(kube_api):
+    """Write faults (POST/PATCH/PUT/DELETE: status, delay, who, times, after): the emulator, and the
+    real apiserver through its admission webhook. Read faults, drops and hangs need ``needs_emulator``."""
+    if not getattr(kube_api, "supports_write_faults", False):
+        pytest.skip("needs write faults (add_fault on POST/PATCH/PUT/DELETE); this backend has none")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "tasks(*task_ids, retries=2): the task ids of the test's DAG")
 
