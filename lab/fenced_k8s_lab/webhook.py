@@ -85,8 +85,7 @@ class FaultWebhook:
             return
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(str(self.plane.pki["webhook_cert"]), str(self.plane.pki["webhook_key"]))
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        server.daemon_threads = True
+        server = _Server(("127.0.0.1", 0), _Handler)
         server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         server.webhook = self  # type: ignore[attr-defined]
         self.server = server
@@ -226,6 +225,14 @@ class FaultWebhook:
 
 def _deny(code: int, message: str) -> dict:
     return {"allowed": False, "status": {"code": code, "reason": REASONS.get(code, ""), "message": message}}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet: an answer the apiserver no longer waits for (its client gave up during a delay,
+        so it cancelled the write) meets a closed connection; the audit log tells the outcome."""
 
 
 class _Handler(BaseHTTPRequestHandler):
