@@ -104,7 +104,8 @@ def kube(kube_backend):
 def needs_faults(kube_backend):
     """Skip on a backend without on-demand faults, compaction and watch closing (the real apiserver)."""
     if not kube_backend.supports_faults:
-        pytest.skip("needs emulator-only controls (faults, compaction, close_watches); the real apiserver has none")
+        pytest.skip("needs emulator-only controls (read faults, dropped or hung connections, compaction, "
+                    "close_watches); the real apiserver's webhook makes write faults only")
 
 
 @pytest.fixture

@@ -414,7 +414,8 @@ def world(metadata_db, airflow, kube_api, tmp_path, monkeypatch, request):
 @pytest.fixture
 def needs_emulator(kube_api):
     if not kube_api.supports_faults:
-        pytest.skip("needs emulator-only controls (faults, compaction, close_watches); the real apiserver has none")
+        pytest.skip("needs emulator-only controls (read faults, dropped or hung connections, compaction, "
+                    "close_watches); the real apiserver's webhook makes write faults only")
 
 
 @pytest.fixture
