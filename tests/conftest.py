@@ -17,9 +17,12 @@ against. Both backends share this interface:
                                       #   audit log (entries appear when the response completes)
     backend.reset()                   # emulator: drop everything; real: delete all non-system
                                       #   pods at once and restart the audit view at index 0
-    backend.supports_faults           # True only for the emulator:
-    backend.add_fault(...) / clear_faults() / compact() / close_watches()   # (real: clear_faults
-                                      #   is a no-op, the others raise NotImplementedError)
+    backend.supports_faults           # True only for the emulator: read faults, drops, hangs,
+    backend.compact() / close_watches()   #   compaction, watch closing (real: NotImplementedError)
+    backend.supports_write_faults     # True for both: add_fault(method=POST|PATCH|PUT|DELETE,
+    backend.add_fault(...) / clear_faults() / faults()   # path=, status=, delay=, who=, times=,
+                                      #   after=); real: through an admission webhook
+                                      #   (fenced_k8s_lab/webhook.py), reads raise NotImplementedError
 
 The real backend is skipped, with the reason, when no assets are found: KUBEBUILDER_ASSETS (or,
 when unset, ~/.cache/fenced-envtest/1.36.2) must hold executable `etcd` and `kube-apiserver`
@@ -101,7 +104,15 @@ def kube(kube_backend):
 def needs_faults(kube_backend):
     """Skip on a backend without on-demand faults, compaction and watch closing (the real apiserver)."""
     if not kube_backend.supports_faults:
-        pytest.skip("needs emulator-only controls (faults, compaction, close_watches); the real apiserver has none")
+        pytest.skip("needs emulator-only controls (read faults, dropped or hung connections, compaction, "
+                    "close_watches); the real apiserver's webhook makes write faults only")
+
+
+@pytest.fixture
+def needs_write_faults(kube_backend):
+    """Skip on a backend without write faults (add_fault on POST/PATCH/PUT/DELETE: status, delay)."""
+    if not getattr(kube_backend, "supports_write_faults", False):
+        pytest.skip("needs write faults (add_fault on POST/PATCH/PUT/DELETE); this backend has none")
 
 
 # ------------------------------------------------------------------ the real node (../shared/node)

@@ -21,7 +21,10 @@ are JSON lines mapped to {index, ts, who, verb, path, query, namespace, name, re
 subresource, code}. The processes get PR_SET_PDEATHSIG, so they die with the process that
 started them even if it is SIGKILLed (start the plane from the main thread).
 
-What a real apiserver cannot do on demand (410 compaction, injected faults, log injection,
+Write faults (`add_fault` with method POST, PATCH/PUT or DELETE: a status code and/or a delay,
+`who`, `times`, `after`) come from a real validating admission webhook (`webhook.py`), registered
+only while a fault is active: `supports_write_faults` is True. What a real apiserver cannot do on
+demand (read faults, dropped connections, 410 compaction, watch closing, log injection,
 bookmarks) stays with the emulator: `supports_faults` is False here and those controls raise.
 """
 
@@ -108,7 +111,8 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 # -- PKI --------------------------------------------------------------------------------------
 
 def make_pki(folder: Path) -> dict[str, Path]:
-    """CA, serving cert (SAN 127.0.0.1, localhost, kubernetes.default...), SA key pair; PEM files."""
+    """CA, serving certs (the apiserver's: SAN 127.0.0.1, localhost, kubernetes.default...; the fault
+    webhook's: SAN 127.0.0.1), SA key pair; PEM files."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -129,24 +133,31 @@ def make_pki(folder: Path) -> dict[str, Path]:
                                        key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
           .sign(ca_key, hashes.SHA256()))
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
-            x509.DNSName("localhost"), x509.DNSName("kubernetes"), x509.DNSName("kubernetes.default"),
-            x509.DNSName("kubernetes.default.svc")]
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=7))
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    def serving(common_name: str, sans: list) -> tuple[Any, Any]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=7))
+                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        return key, cert
+
+    loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+    key, cert = serving("kube-apiserver", [
+        loopback, x509.IPAddress(ipaddress.ip_address("10.96.0.1")), x509.DNSName("localhost"),
+        x509.DNSName("kubernetes"), x509.DNSName("kubernetes.default"), x509.DNSName("kubernetes.default.svc")])
+    hook_key, hook_cert = serving("fenced-fault-webhook", [loopback])  # the admission webhook (webhook.py)
 
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     files = {
         "ca": (folder / "ca.crt", ca.public_bytes(serialization.Encoding.PEM)),
         "cert": (folder / "apiserver.crt", cert.public_bytes(serialization.Encoding.PEM)),
         "key": (folder / "apiserver.key", pem_key(key)),
+        "webhook_cert": (folder / "webhook.crt", hook_cert.public_bytes(serialization.Encoding.PEM)),
+        "webhook_key": (folder / "webhook.key", pem_key(hook_key)),
         "sa_key": (folder / "sa.key", pem_key(sa_key)),
         "sa_pub": (folder / "sa.pub", sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)),
@@ -163,7 +174,8 @@ class ControlPlane:
     """etcd + kube-apiserver on free loopback ports; the `kube_backend` interface (name "real")."""
 
     name = "real"
-    supports_faults = False
+    supports_faults = False  # reads, drops, compaction, watch closing: the emulator's alone
+    supports_write_faults = True  # through the admission webhook (webhook.py)
 
     def __init__(self, assets: str | os.PathLike | None = None, workdir: str | os.PathLike | None = None, *,
                  users: list[str] | tuple[str, ...] = tuple(DEFAULT_USERS), start_timeout: float = 90.0,
@@ -188,6 +200,7 @@ class ControlPlane:
         self._audit_base = 0
         self._audit_started: set[str] = set()
         self._ssl: ssl.SSLContext | None = None
+        self._webhook = None  # webhook.FaultWebhook, made on the first add_fault
 
     # -- lifecycle
     def start(self) -> "ControlPlane":
@@ -274,6 +287,9 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Stop kube-apiserver then etcd by PID (SIGTERM, then SIGKILL after 10 s); drop the data."""
+        if self._webhook is not None:
+            self._webhook.stop()
+            self._webhook = None
         for attr in ("apiserver", "etcd"):
             proc: subprocess.Popen | None = getattr(self, attr)
             if proc is None:
@@ -361,7 +377,9 @@ class ControlPlane:
 
     def reset(self) -> None:
         """Delete every pod outside the system namespaces at once (finalizers dropped, grace 0);
-        start the audit view afresh (audit indexes restart at 0, as after an emulator reset)."""
+        start the audit view afresh (audit indexes restart at 0, as after an emulator reset); faults
+        cleared, as the emulator's reset clears them."""
+        self.clear_faults()
         pods = (self._api("GET", "/api/v1/pods") or {}).get("items", [])
         for pod in pods:
             meta = pod["metadata"]
@@ -408,6 +426,8 @@ class ControlPlane:
         who = (ev.get("user") or {}).get("username")
         if who == "system:apiserver":  # the apiserver's own watch cache reflector
             return None
+        if who == ADMIN and "dryRun=" in ev.get("requestURI", ""):  # the fault webhook's probes
+            return None
         audit_id, stage = ev.get("auditID"), ev.get("stage")
         if stage == "ResponseStarted":  # long-running (watch, log follow): record at start
             self._audit_started.add(audit_id)
@@ -439,18 +459,31 @@ class ControlPlane:
     def pod(self, namespace: str, name: str) -> dict | None:
         return self._api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}", ok=(404,))
 
-    # -- emulator-only controls
-    def _unsupported(self, *_: Any, **__: Any) -> Any:
-        raise NotImplementedError("the real kube-apiserver has no on-demand faults, compaction, watch closing "
-                                  "or log injection: check `supports_faults` and use the emulator")
+    # -- write faults, through the admission webhook (webhook.py)
+    def add_fault(self, **spec: Any) -> int:
+        """A write fault, as the emulator's `add_fault` (method POST/PATCH/PUT/DELETE, path regex,
+        status, delay, who, times, after); returns once the apiserver calls the webhook. Read
+        faults, drops and hangs raise NotImplementedError."""
+        if self._webhook is None:
+            from .webhook import FaultWebhook
 
-    add_fault = compact = close_watches = bookmark = append_log = set_log = set_log_file = _unsupported
+            self._webhook = FaultWebhook(self)
+        return self._webhook.add(spec)
 
-    def clear_faults(self, fault_id: int | None = None) -> None:  # harmless no-op for teardowns
-        return None
+    def clear_faults(self, fault_id: int | None = None) -> None:
+        """Drop one fault or all; with none left the webhook is unregistered (and no longer called)."""
+        if self._webhook is not None:
+            self._webhook.clear(fault_id)
 
     def faults(self) -> list[dict]:
-        return []
+        return self._webhook.faults() if self._webhook is not None else []
+
+    # -- emulator-only controls
+    def _unsupported(self, *_: Any, **__: Any) -> Any:
+        raise NotImplementedError("the real kube-apiserver has no compaction, watch closing or log injection "
+                                  "on demand: check `supports_faults` and use the emulator")
+
+    compact = close_watches = bookmark = append_log = set_log = set_log_file = _unsupported
 
     def summary(self) -> dict:
         return {"url": self.url, "pids": self.pids, "startup_seconds": self.startup_seconds,
@@ -468,6 +501,7 @@ class ExternalCluster:
 
     name = "external"
     supports_faults = False
+    supports_write_faults = False
     runs_pods = True
 
     def __init__(self, kubeconfig: str | os.PathLike, context: str | None = None):

@@ -5,8 +5,10 @@ and `real` (the session's kube-apiserver v1.36.2 + etcd from envtest assets, see
 skipped with the reason when no assets are installed). Set CONFORMANCE_KUBECONFIG=/path/to/kubeconfig
 to run them once, against that cluster (target `external`), instead.
 Each test gets its own namespace, created and deleted by the fixture. Tests that need
-emulator-only controls (compaction, faults, audit, log injection, on-demand bookmarks) take the
-`emu` fixture and are skipped against a real apiserver. Nothing else differs between targets.
+emulator-only controls (compaction, read faults, drops, audit, log injection, on-demand bookmarks)
+take the `emu` fixture and are skipped against a real apiserver; write faults run on both
+(test_write_faults.py: the real apiserver's come from an admission webhook). Nothing else
+differs between targets.
 
 Pods use a scheduler name no scheduler serves, so on a real cluster they stay unbound (and are
 never run) unless a test binds them or sets spec.nodeName itself (to a node that does not exist).

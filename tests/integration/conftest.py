@@ -414,7 +414,16 @@ def world(metadata_db, airflow, kube_api, tmp_path, monkeypatch, request):
 @pytest.fixture
 def needs_emulator(kube_api):
     if not kube_api.supports_faults:
-        pytest.skip("needs emulator-only controls (faults, compaction, close_watches); the real apiserver has none")
+        pytest.skip("needs emulator-only controls (read faults, dropped or hung connections, compaction, "
+                    "close_watches); the real apiserver's webhook makes write faults only")
+
+
+@pytest.fixture
+def needs_write_faults(kube_api):
+    """Write faults (POST/PATCH/PUT/DELETE: status, delay, who, times, after): the emulator, and the
+    real apiserver through its admission webhook. Read faults, drops and hangs need ``needs_emulator``."""
+    if not getattr(kube_api, "supports_write_faults", False):
+        pytest.skip("needs write faults (add_fault on POST/PATCH/PUT/DELETE); this backend has none")
 
 
 def pytest_configure(config):

@@ -69,7 +69,7 @@ def test_pending_pod_superseded_by_a_rest_clear_dies_within_one_loop(world, rest
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_pending_pod_superseded_by_the_peer_scheduler_dies_within_one_loop(world, needs_emulator, kind):
+def test_pending_pod_superseded_by_the_peer_scheduler_dies_within_one_loop(world, needs_write_faults, kind):
     """The owner's stuck-in-queued revoke loses its delete of the Pending pod (the API answers
     404 but the pod stays: a lost or raced delete), sends the task back to SCHEDULED, and the
     PEER scheduler's critical section queues it again."""
@@ -81,6 +81,7 @@ def test_pending_pod_superseded_by_the_peer_scheduler_dies_within_one_loop(world
     (stale,) = [p.metadata.name for p in world.live_pods(first)]
     world.backend.add_fault(method="DELETE", path=r"/pods/", status=404, times=10)
     sched.stuck_in_queued()  # revoke: the delete is lost; the task goes back to SCHEDULED
+    assert world.backend.faults()[0]["fired"] >= 1, "the revoke's delete was not lost"
     world.backend.clear_faults()
     peer.enqueue()  # the peer wins the re-queue: a new launch, a new token
     peer.trigger()
@@ -96,7 +97,7 @@ def test_pending_pod_superseded_by_the_peer_scheduler_dies_within_one_loop(world
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_pending_pod_of_a_revoked_launch_never_outlives_one_loop(world, needs_emulator, kind):
+def test_pending_pod_of_a_revoked_launch_never_outlives_one_loop(world, needs_write_faults, kind):
     """The stuck-in-queued revoke and the re-queue land while the launch's create request is in
     flight (check-then-create gap): the revoke finds no pod, the create lands after it."""
     import threading
@@ -114,6 +115,7 @@ def test_pending_pod_of_a_revoked_launch_never_outlives_one_loop(world, needs_em
     timer.start()
     sched.executor.sync()  # pre-check passes; the create lands after the revoke
     timer.join()
+    assert [f["fired"] for f in world.backend.faults()] == [1], "the create was not held in flight"
     stale = [p.metadata.name for p in world.live_pods(first)
              if (p.metadata.annotations or {}).get(TOKEN_ANNOTATION, first.token) == first.token]
     if kind == "stock":

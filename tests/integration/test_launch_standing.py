@@ -127,7 +127,7 @@ def test_clear_of_a_queued_ti_releases_the_slot(world, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_requeue_by_the_peer_releases_the_slot(world, needs_emulator, kind):
+def test_requeue_by_the_peer_releases_the_slot(world, needs_write_faults, kind):
     """The scheduler stalls with its create in flight; the peer fails it and takes the TI over (no
     pod to adopt yet: the stock peer resets and re-queues it, the fenced peer launches it itself)
     and queues it again. The stalled scheduler's pod lands and fails: its slot returns."""
@@ -147,6 +147,7 @@ def test_requeue_by_the_peer_releases_the_slot(world, needs_emulator, kind):
     timer.start()
     sched.executor.sync()  # the create is in flight while the peer takes the TI over
     timer.join()
+    assert [f["fired"] for f in world.backend.faults()] == [1], "the create was not held in flight"
     requeued = world.row("t1")
     assert requeued.queued_by_job_id == peer.job_id
     world.settle(sched.executor, 0.6)

@@ -107,7 +107,7 @@ def test_deletes_delete_each_submitted_pod_once_and_report_its_outcome(kube, pag
 
 
 @pytest.mark.parametrize("backlog, submitted_before_any_outcome", [(None, False), (PODS, True)])
-def test_a_backlog_of_deletes_does_not_hold_up_the_caller(kube, needs_faults, paged, backlog,
+def test_a_backlog_of_deletes_does_not_hold_up_the_caller(kube, needs_write_faults, paged, backlog,
                                                           submitted_before_any_outcome):
     """A sweep that meets a burst of stale pods goes on listing while the deletes wait: with a
     backlog of a page, every submit returns while the first delete is still in flight."""

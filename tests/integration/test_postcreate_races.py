@@ -27,7 +27,7 @@ def pod_names(world, row) -> set[str]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a2_check_then_create_gap(world, needs_emulator, kind):
+def test_a2_check_then_create_gap(world, needs_write_faults, kind):
     """The TI is cleared and re-queued by the peer scheduler while the create request is in flight."""
     sched = world.scheduler(kind)
     peer = world.scheduler("fenced", start=False)
@@ -45,6 +45,7 @@ def test_a2_check_then_create_gap(world, needs_emulator, kind):
     timer.start()
     sched.executor.sync()  # pre-check passes, create lands after the row moved on
     timer.join()
+    assert [f["fired"] for f in world.backend.faults()] == [1], "the create was not held in flight"
     world.settle(sched.executor, 1.5)  # the next loop re-checks what was created
     live = world.live_pods(first)
     stale = [p for p in live if (p.metadata.annotations or {}).get(TOKEN_ANNOTATION) != requeued["row"].token]
@@ -236,7 +237,8 @@ def test_sweep_and_fences_never_touch_legacy_or_current_pods(world):
 def test_no_false_positive_deletions_under_faults(world, pg_server, fault):
     """Current launches keep their pods and their bookkeeping whatever fails around them."""
     if fault != "db_outage" and not world.backend.supports_faults:
-        pytest.skip("needs emulator-only controls (faults, compaction, close_watches); the real apiserver has none")
+        pytest.skip("needs emulator-only controls (GET faults, compaction, close_watches); the real "
+                    "apiserver's webhook makes write faults only")
     run_id = world.run_id
     sched = world.scheduler("fenced", sweep_interval="0.3")
     world.queue(sched, run_id)

@@ -141,7 +141,7 @@ def test_current_pod_of_a_live_peer_is_never_deleted_by_another_scheduler(world,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_woken_schedulers_create_that_lost_to_the_adopter_frees_its_slot(world, needs_emulator, kind):
+def test_a_woken_schedulers_create_that_lost_to_the_adopter_frees_its_slot(world, needs_write_faults, kind):
     """The woken scheduler's create was in flight (slow API) while its peer adopted the launch
     and created its pod (same token, same name); the woken create then meets AlreadyExists. The
     slot must not stay in ``running``: the adopter's pod carries the adopter's label, so the

@@ -109,7 +109,8 @@ class Emulator(_Controls):
     """
 
     name = "emulator"
-    supports_faults = True
+    supports_faults = True  # every fault: reads, drops, hangs, compaction, watch closing
+    supports_write_faults = True  # the subset a real apiserver has too (controlplane.py, webhook.py)
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, history_size: int = 1000,
                  tokens: dict[str, str] | None = None, bookmark_interval: float = 60.0,
