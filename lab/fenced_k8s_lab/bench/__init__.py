@@ -191,27 +191,21 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["sync_api_calls_per_sync"] = r["api_calls_per_sync"]
             result["sync_api_verbs"] = r["api_verbs"]
         _checkpoint(args, backend, result, spreads, raw)
-        if "orphans" in only:
-            progress("loop with a dead scheduler's launches in flight (deployment-wide reconcile)")
-            raw["orphans"] = r = restarts.orphans(lab, cfg["orphan_pods"], cfg["orphan_syncs"])
-            result["orphans"] = {mode: {k: v for k, v in figures.items() if k != "raw"}
-                                 for mode, figures in r["modes"].items()}
-            result["orphans_known_at_start"] = r["known_at_start"]
+        for name, what, measure in (
+                ("orphans", "a dead scheduler's launches in flight (deployment-wide reconcile)", restarts.orphans),
+                ("peers", "a live peer's launches in flight (fence by launch, whoever created it)", restarts.peers)):
+            if name not in only:
+                continue
+            progress(f"loop with {what}")
+            raw[name] = r = measure(lab, cfg["orphan_pods"], cfg["orphan_syncs"])
+            result[name] = {mode: {k: v for k, v in figures.items() if k != "raw"}
+                            for mode, figures in r["modes"].items()}
+            result[f"{name}_known_at_start"] = r["known_at_start"]
             for mode, figures in r["modes"].items():
                 for q in ("p50", "p99"):
-                    spreads[f"orphans_{mode}_{q}_ratio"] = figures["spread"][q]
-                    spreads[f"orphans_{mode}_{q}_aa_ratio"] = figures["aa_spread"][q]
-        _checkpoint(args, backend, result, spreads, raw)
-        if "peers" in only:
-            progress("loop with a live peer's launches in flight (fence by launch, whoever created it)")
-            raw["peers"] = r = restarts.peers(lab, cfg["orphan_pods"], cfg["orphan_syncs"])
-            result["peers"] = {mode: {k: v for k, v in figures.items() if k != "raw"}
-                               for mode, figures in r["modes"].items()}
-            for mode, figures in r["modes"].items():
-                for q in ("p50", "p99"):
-                    spreads[f"peers_{mode}_{q}_ratio"] = figures["spread"][q]
-                    spreads[f"peers_{mode}_{q}_aa_ratio"] = figures["aa_spread"][q]
-        _checkpoint(args, backend, result, spreads, raw)
+                    spreads[f"{name}_{mode}_{q}_ratio"] = figures["spread"][q]
+                    spreads[f"{name}_{mode}_{q}_aa_ratio"] = figures["aa_spread"][q]
+            _checkpoint(args, backend, result, spreads, raw)
         if "startup" in only:
             progress("scheduler start-up with many Pending pods in the namespace")
             raw["startup"] = r = restarts.startup(lab, cfg["startup_pods"], cfg["startup_reps"])
