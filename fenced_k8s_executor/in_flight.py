@@ -41,6 +41,8 @@ SHORT_WATCH = 1.0
 #: Seconds ``stop`` waits for all the threads together: the scheduler's exit (``end()``) must fit
 #: the chart's 10 s grace with time to spare; the threads are daemons either way.
 STOP_WAIT = 2.0
+#: Pods that left the picture remembered between two loops (more are rare: one loop's worth of churn).
+GONE_MAX = 10_000
 PAGE_SIZE = 1000
 
 
@@ -59,13 +61,15 @@ class InFlightView:
         self._pods: dict[tuple[str, str], pods.PodRef] = {}
         self._settled: set[str] = set()
         self.version = 0  # bumped by every change: what the loop built from the picture is reused until then
+        self._gone: list[pods.PodRef] = []  # pods that left the picture (finished or deleted) since the last take
 
     def replace(self, namespace: str | None, refs: Iterable[pods.PodRef]) -> None:
         """A fresh list of ``namespace`` (None: every namespace) replaces what was known of it."""
         with self._lock:
             self.version += 1
+            listed = {(ref.namespace, ref.name) for ref in refs}
             for key in [k for k in self._pods if namespace is None or k[0] == namespace]:
-                self._drop(key)
+                self._drop(key, gone=key not in listed)
             for ref in refs:
                 self._pods[(ref.namespace, ref.name)] = ref
 
@@ -75,7 +79,7 @@ class InFlightView:
         with self._lock:
             self.version += 1
             if kind == "DELETED":
-                self._drop(key)
+                self._drop(key, gone=True)
                 return
             old = self._pods.get(key)
             if old is not None and old.uid != ref.uid:
@@ -103,10 +107,20 @@ class InFlightView:
         with self._lock:
             return len(self._pods)
 
-    def _drop(self, key: tuple[str, str]) -> None:
+    def take_gone(self) -> list[pods.PodRef]:
+        """The pods that left the picture since the last call: the loop frees the executor slot of
+        a launch of its own whose pod someone else deleted (the provider reports nothing for a
+        deleted Pending pod)."""
+        with self._lock:
+            gone, self._gone = self._gone, []
+            return gone
+
+    def _drop(self, key: tuple[str, str], gone: bool = False) -> None:
         ref = self._pods.pop(key, None)
         if ref is not None:
             self._settled.discard(ref.uid)
+            if gone and ref.launch is not None and len(self._gone) < GONE_MAX:
+                self._gone.append(ref)
 
 
 class InFlightPods:

@@ -109,6 +109,7 @@ class InFlightFence:
         """The reconcile when no creation batch read the rows this loop: one read at most, and none
         when nothing is in flight."""
         if not self._anything_in_flight():
+            self._release_gone()
             return
         try:
             with metrics.timed("fence_check.duration", path="reconcile"):
@@ -127,6 +128,32 @@ class InFlightFence:
         for flying, row in loop.changed:
             self._fence_in_flight(flying, row)
         loop.changed = []
+        self._release_gone()
+
+    def _release_gone(self) -> None:
+        """Free the slots of this scheduler's superseded launches whose pods left the picture without
+        a word to it: deleted by a peer (or the sweep) while Pending, which the provider never
+        reports. Stock frees such a slot when the stale pod fails at ``/run``; a current launch's
+        pod deleted by someone else is left to stock's handling."""
+        if self.in_flight_pods is None:
+            return
+        held = [(key, ref) for ref in self.in_flight_pods.view.take_gone()
+                if (key := self.book.key_held_by(ref.launch)) is not None]
+        if not held:
+            return
+        try:
+            rows = ledger.read_rows(ref.launch.task for _, ref in held)
+        except Exception as error:  # no evidence: the slots are looked at again when the pods' events come
+            log.warning("fenced_k8s_executor could not read the rows of %d pods gone: %r", len(held), error)
+            return
+        for key, ref in held:
+            row = rows.get(ref.launch.task)
+            verdict = verdicts.is_stale(ref.launch, row)
+            if verdict.act and self._enforcing and self.book.holds(key, ref.launch):
+                self._release(key, ref.launch)
+                metrics.decision("slot.released", path="reconcile", reason=verdict.reason.value, enforced=True,
+                                 pod=f"{ref.namespace}/{ref.name}", ti=ref.launch.ti_id,
+                                 launch=short(ref.launch.token), current=short(row.token if row else None))
 
     def _fence_in_flight(self, f: Flying, row: Any) -> None:
         verdict = verdicts.should_delete(f.launch, row, self.deployment, f.name)
