@@ -1,8 +1,10 @@
 """The DB reads the verdicts need: one batched query per batch of tasks.
 
-Rows are found by task (dag_id, task_id, run_id, map_index: the unique key every TI row keeps
-across clears and retries), not by row id: a clear or a retry gives the row a new id, and only
-the token then says whether a pod is still the task's current launch.
+Rows are found by task (dag_id, task_id, run_id, map_index, and on Airflow 3.4 the region: the
+key every TI row keeps across clears and retries), not by row id: a clear or a retry gives the row
+a new id, and only the token then says whether a pod is still the task's current launch. On 3.4,
+where every attempt is a row of its own, only the live attempt is read. Which columns those are
+on the installed Airflow is ``provider_compat``'s answer (``task_columns``, ``live_attempt``).
 
 Always an independent connection (never the scoped session): the executor's hooks may run inside
 the scheduler's own transaction, whose row locks must not be committed or released early.
@@ -22,20 +24,61 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable
 
-from fenced_k8s_executor.launch import TaskKey, TaskRow
+from fenced_k8s_executor import provider_compat
+from fenced_k8s_executor.launch import TaskKey, TaskRow, task_key
 
 #: Round trips made by this process (read by the benchmark; cheap to keep).
 ROUND_TRIPS = 0
 
-_COLUMNS = ("id", "state", "try_number", "queued_by_job_id", "external_executor_id", "dag_id", "task_id", "run_id",
-            "map_index")
+_COLUMNS = ("id", "state", "try_number", "queued_by_job_id", "external_executor_id", "dag_id", "task_id", "run_id")
+#: The statements' array parameters of a list of tasks, in TaskKey order.
+_KEY_PARAMS = ("dag_ids", "task_ids", "run_ids", "map_indexes", "region_ids")
+
+
+def _key_params(tasks: list, prefix: str = "") -> dict[str, list]:
+    """The tasks as the statements' parallel arrays (a task without a region: the sentinel one)."""
+    columns: list[list] = [[], [], [], [], []]
+    for task in tasks:
+        for column, value in zip(columns, task[:4]):
+            column.append(value)
+        columns[4].append(provider_compat.region_param(task[4] if len(task) > 4 else ""))
+    return {prefix + name: column for name, column in zip(_KEY_PARAMS, columns)}
+
+
+def _select_sql(alias: str) -> str:
+    """The row columns the statements return, ``_rows_of``'s order: ``_COLUMNS``, the stored map
+    index, the region (NULL before Airflow 3.4)."""
+    from airflow.models.taskinstance import TaskInstance
+
+    c, key = TaskInstance.__table__.c, provider_compat.task_columns()
+    # The id as text: the driver would build a uuid.UUID per row only for str() to undo it.
+    columns = [f"{alias}.{c[name].name}" + ("::text" if name == "id" else "") for name in _COLUMNS]
+    columns.append(f"{alias}.{key.index.name}")
+    columns.append(f"{alias}.{key.region.name}::text" if key.region is not None else "NULL")
+    return ", ".join(columns)
+
+
+def _join_sql(alias: str, wanted: str) -> str:
+    """``alias`` (task_instance) is the live attempt of ``wanted``'s task (an unnest of ``_KEY_PARAMS``)."""
+    key = provider_compat.task_columns()
+    on = (f"{alias}.{key.dag_id.name} = {wanted}.dag_id AND {alias}.{key.task_id.name} = {wanted}.task_id"
+          f" AND {alias}.{key.run_id.name} = {wanted}.run_id AND {alias}.{key.index.name} = {wanted}.map_index")
+    if key.region is not None:
+        on += f" AND {alias}.{key.region.name} = {wanted}.region_id::uuid"
+    return on + provider_compat.live_attempt(alias)
+
+
+#: An unnest of a list of tasks (``_key_params`` with ``prefix``), its columns named as ``_join_sql`` reads them.
+_UNNEST = ("unnest(%({p}dag_ids)s::varchar[], %({p}task_ids)s::varchar[], %({p}run_ids)s::varchar[],"
+           " %({p}map_indexes)s::integer[], %({p}region_ids)s::varchar[]")
+_UNNEST_NAMES = "dag_id, task_id, run_id, map_index, region_id"
 
 
 def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
     """Current rows of the given tasks, keyed by task; tasks absent from the result have no row.
 
-    PostgreSQL: the exact tasks, joined on the unique (dag_id, task_id, run_id, map_index) index,
-    one probe per task. Elsewhere: ``(dag_id, run_id) IN (...) AND task_id IN (...)``, filtered
+    PostgreSQL: the exact tasks, joined on the unique (dag_id, task_id, run_id, map_index) index
+    (3.4: with the region, the live attempt), one probe per task. Elsewhere: ``(dag_id, run_id) IN (...) AND task_id IN (...)``, filtered
     to the exact tasks here. Runs on a plain connection (no ORM unit of work), in autocommit on
     PostgreSQL (one statement, its own snapshot).
 
@@ -108,9 +151,7 @@ def _read_portable_with_peers(engine: Any, own: set, asked: set, alive_since: da
 
 
 def _read_postgresql(engine: Any, tasks: list) -> list:
-    dag_ids, task_ids, run_ids, map_indexes = (list(column) for column in zip(*tasks))
-    params = {"dag_ids": dag_ids, "task_ids": task_ids, "run_ids": run_ids, "map_indexes": map_indexes}
-    return _execute(engine, _postgresql_statement(engine), params)
+    return _execute(engine, _postgresql_statement(engine), _key_params(tasks))
 
 
 def _read_postgresql_with_peers(engine: Any, own: set, asked: set, alive_since: datetime) -> Reading:
@@ -119,16 +160,15 @@ def _read_postgresql_with_peers(engine: Any, own: set, asked: set, alive_since: 
                               "peer_jobs": sorted({c for _, _, c in peer_list if c is not None}),
                               "tokens": [token for _, token, _ in peer_list],
                               "creators": [creator for _, _, creator in peer_list]}
-    for prefix, tasks in (("", own_list), ("peer_", [t for t, _, _ in peer_list])):
-        columns = list(zip(*tasks)) if tasks else [(), (), (), ()]
-        for name, column in zip(("dag_ids", "task_ids", "run_ids", "map_indexes"), columns):
-            params[prefix + name] = list(column)
+    params.update(_key_params(own_list))
+    params.update(_key_params([t for t, _, _ in peer_list], "peer_"))
     rows, superseded, running = [], {}, set()
     for kind, *row in _execute(engine, _peers_statement(engine), params):
         if kind == "o":
-            rows.append(row[5:])
-        elif kind == "p":  # (dag_id, task_id, run_id, map_index, token) of the launch, then its row or NULLs
-            task, token, found = (row[0], row[1], row[2], int(row[3])), row[4], row[5:]
+            rows.append(row[6:])
+        elif kind == "p":  # (dag_id, task_id, run_id, map_index, token, region) of the launch, then its row or NULLs
+            task = task_key(row[0], row[1], row[2], int(row[3]), provider_compat.region_of(row[5]))
+            token, found = row[4], row[6:]
             superseded[(task, token)] = None if found[0] is None else _rows_of([found], {task})[task]
         else:
             running.add(int(row[0]))
@@ -163,14 +203,8 @@ def _postgresql_statement(engine: Any) -> str:
     from airflow.models.taskinstance import TaskInstance
 
     table = engine.dialect.identifier_preparer.format_table(TaskInstance.__table__)
-    # The id as text: the driver would build a uuid.UUID per row only for str() to undo it.
-    columns = ", ".join(f"ti.{TaskInstance.__table__.c[name].name}" + ("::text" if name == "id" else "")
-                        for name in _COLUMNS)
-    return (f"SELECT {columns} FROM {table} AS ti"
-            " JOIN unnest(%(dag_ids)s::varchar[], %(task_ids)s::varchar[], %(run_ids)s::varchar[],"
-            " %(map_indexes)s::integer[]) AS wanted(dag_id, task_id, run_id, map_index)"
-            " ON ti.dag_id = wanted.dag_id AND ti.task_id = wanted.task_id AND ti.run_id = wanted.run_id"
-            " AND ti.map_index = wanted.map_index")
+    return (f"SELECT {_select_sql('ti')} FROM {table} AS ti"
+            f" JOIN {_UNNEST.format(p='')}) AS wanted({_UNNEST_NAMES}) ON {_join_sql('ti', 'wanted')}")
 
 
 #: A running scheduler job whose process is still the newest on its host.
@@ -191,24 +225,21 @@ def _peers_statement(engine: Any) -> str:
     prepare = engine.dialect.identifier_preparer
     table, job = prepare.format_table(TaskInstance.__table__), prepare.format_table(Job.__table__)
     c = TaskInstance.__table__.c
-    columns = ", ".join(f"ti.{c[name].name}" + ("::text" if name == "id" else "") for name in _COLUMNS)
+    columns = _select_sql("ti")
     nulls = lambda n: ", ".join(["NULL"] * n)  # noqa: E731
-    on = (f"ti.{c['dag_id'].name} = {{w}}.dag_id AND ti.{c['task_id'].name} = {{w}}.task_id"
-          f" AND ti.{c['run_id'].name} = {{w}}.run_id AND ti.{c['map_index'].name} = {{w}}.map_index")
     return (
-        "WITH ours AS (SELECT * FROM unnest(%(dag_ids)s::varchar[], %(task_ids)s::varchar[], %(run_ids)s::varchar[],"
-        " %(map_indexes)s::integer[]) AS w(dag_id, task_id, run_id, map_index)),"
-        " peers AS (SELECT * FROM unnest(%(peer_dag_ids)s::varchar[], %(peer_task_ids)s::varchar[],"
-        " %(peer_run_ids)s::varchar[], %(peer_map_indexes)s::integer[], %(tokens)s::varchar[], %(creators)s::integer[])"
-        " AS p(dag_id, task_id, run_id, map_index, token, creator)),"
+        f"WITH ours AS (SELECT * FROM {_UNNEST.format(p='')}) AS w({_UNNEST_NAMES})),"
+        f" peers AS (SELECT * FROM {_UNNEST.format(p='peer_')}, %(tokens)s::varchar[], %(creators)s::integer[])"
+        f" AS p({_UNNEST_NAMES}, token, creator)),"
         f" running AS (SELECT j.id FROM {job} AS j WHERE j.id = ANY(%(peer_jobs)s::integer[])"
         f" AND {_RUNNING_JOB.format(j='j', job=job)})"
-        f" SELECT 'o', {nulls(5)}, {columns} FROM {table} AS ti JOIN ours ON {on.format(w='ours')}"
-        f" UNION ALL SELECT 'p', peers.dag_id, peers.task_id, peers.run_id, peers.map_index::text, peers.token, {columns}"
-        f" FROM peers LEFT JOIN {table} AS ti ON {on.format(w='peers')}"
+        f" SELECT 'o', {nulls(6)}, {columns} FROM {table} AS ti JOIN ours ON {_join_sql('ti', 'ours')}"
+        " UNION ALL SELECT 'p', peers.dag_id, peers.task_id, peers.run_id, peers.map_index::text, peers.token,"
+        f" peers.region_id, {columns}"
+        f" FROM peers LEFT JOIN {table} AS ti ON {_join_sql('ti', 'peers')}"
         f" WHERE (peers.creator IS NULL OR peers.creator NOT IN (SELECT id FROM running))"
         f" AND (ti.{c['id'].name} IS NULL OR ti.{c['external_executor_id'].name} IS DISTINCT FROM peers.token)"
-        f" UNION ALL SELECT 'r', running.id::text, {nulls(4 + len(_COLUMNS))} FROM running")
+        f" UNION ALL SELECT 'r', running.id::text, {nulls(7 + len(_COLUMNS))} FROM running")
 
 
 def _running_schedulers(engine: Any, creators: set, alive_since: datetime) -> frozenset:
@@ -233,14 +264,19 @@ def _running_schedulers(engine: Any, creators: set, alive_since: datetime) -> fr
 def _read_portable(engine: Any, wanted: set) -> list:
     """A launch batch spans few runs, so the planner uses the (dag_id, run_id) index and the
     statement stays small, where a 4-column tuple IN grew with every task."""
-    from sqlalchemy import select, tuple_
+    from sqlalchemy import literal, select, tuple_
 
     from airflow.models.taskinstance import TaskInstance
 
-    runs = sorted({(dag_id, run_id) for dag_id, _, run_id, _ in wanted})
-    task_ids = sorted({task_id for _, task_id, _, _ in wanted})
-    query = select(*(TaskInstance.__table__.c[name] for name in _COLUMNS)).where(
-        tuple_(TaskInstance.dag_id, TaskInstance.run_id).in_(runs), TaskInstance.task_id.in_(task_ids))
+    key = provider_compat.task_columns()
+    runs = sorted({(task[0], task[2]) for task in wanted})
+    task_ids = sorted({task[1] for task in wanted})
+    region = key.region if key.region is not None else literal(None)
+    query = select(*(TaskInstance.__table__.c[name] for name in _COLUMNS), key.index, region).where(
+        tuple_(key.dag_id, key.run_id).in_(runs), key.task_id.in_(task_ids))
+    live = provider_compat.live_attempt_clause()
+    if live is not None:
+        query = query.where(live)
     with engine.connect() as conn:
         return conn.execute(query).all()
 
@@ -248,7 +284,8 @@ def _read_portable(engine: Any, wanted: set) -> list:
 def _rows_of(rows: list, wanted: set) -> dict[TaskKey, TaskRow]:
     found = {}
     for row in rows:
-        task = (row[5], row[6], row[7], int(row[8]))
+        region = provider_compat.region_of(row[9])
+        task = task_key(row[5], row[6], row[7], int(row[8]), region)
         if task not in wanted:
             continue
         task_row = TaskRow(
@@ -261,6 +298,7 @@ def _rows_of(rows: list, wanted: set) -> dict[TaskKey, TaskRow]:
             task_id=row[6],
             run_id=row[7],
             map_index=task[3],
+            region=region,
         )
         found[task] = task_row
     return found
