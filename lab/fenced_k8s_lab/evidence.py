@@ -33,7 +33,7 @@ BEGIN
     INSERT INTO lab_ti_log(ti_id, op) VALUES (OLD.id, 'delete');
     RETURN OLD;
   END IF;
-  IF TG_OP = 'UPDATE' AND OLD.id <> NEW.id THEN
+  {archive}IF TG_OP = 'UPDATE' AND OLD.id <> NEW.id THEN
     INSERT INTO lab_ti_log(ti_id, op) VALUES (OLD.id, 'gone');
   END IF;
   IF TG_OP = 'INSERT' OR OLD.id <> NEW.id OR OLD.state IS DISTINCT FROM NEW.state
@@ -50,7 +50,9 @@ FOR EACH ROW EXECUTE FUNCTION lab_ti_log_fn();
 DECISION = re.compile(r"decision=(\S+) path=(\S+) reason=(\S+) enforced=(\S+)(?:.*?pod=(\S+))?")
 ACCESS_STATUS = re.compile(r"status_code[\"']?\s*[=:]\s*(\d{3})")
 #: airflow-core's SchedulerJobRunner._process_executor_events, once per event it takes from the buffer.
-EXECUTOR_EVENT = re.compile(r"Received executor event with state (\w+) for task instance TaskInstanceKey\("
+#: Airflow 3.4 names the attempt's UUID first: ``for task instance <uuid> (coordinates=TaskInstanceKey(...``.
+EXECUTOR_EVENT = re.compile(r"Received executor event with state (\w+) for task instance "
+                            r"(?:\S+ \(coordinates=)?TaskInstanceKey\("
                             r"dag_id='([^']*)', task_id='([^']*)', run_id='([^']*)', try_number=(\d+)")
 #: The provider's KubernetesJobWatcher.run re-raising (its process exits) and the executor's health
 #: check finding a dead watcher process and starting a new one.
@@ -58,11 +60,28 @@ WATCHER_CRASH = "Unknown error in KubernetesJobWatcher. Failing"
 WATCHER_RESTART = "Error while health checking kube watcher process"
 
 
+#: Airflow 3.4 archives an attempt in place (``working_set`` leaves TRUE; a try archived while queued
+#: or running is marked failed as it goes) and inserts its successor: logged as the attempt going,
+#: as 3.3's move of the row to a new id was, not as a state change of the try.
+ARCHIVED = """IF TG_OP = 'UPDATE' AND OLD.working_set IS TRUE AND NEW.working_set IS NOT TRUE THEN
+    INSERT INTO lab_ti_log(ti_id, op) VALUES (OLD.id, 'gone');
+    RETURN NEW;
+  END IF;
+  """
+
+
+def _has_working_set(conn: Any) -> bool:
+    """Airflow 3.4's task_instance keeps every attempt, the live one marked by ``working_set``."""
+    return bool(conn.exec_driver_sql(
+        "SELECT 1 FROM information_schema.columns WHERE table_name = 'task_instance'"
+        " AND column_name = 'working_set' AND table_schema = current_schema()").first())
+
+
 def install_change_log(db_url: str) -> None:
     engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
-            conn.exec_driver_sql(CHANGE_LOG_DDL)
+            conn.exec_driver_sql(CHANGE_LOG_DDL.replace("{archive}", ARCHIVED if _has_working_set(conn) else ""))
     finally:
         engine.dispose()
 
@@ -77,10 +96,16 @@ def read_db(db_url: str) -> tuple[list[dict], list[dict], list[dict]]:
         with engine.connect() as conn:
             log = _rows(conn, "SELECT ts, ti_id::text AS ti_id, op, state, try_number, task_id FROM lab_ti_log"
                               " ORDER BY seq")
-            tis = _rows(conn, "SELECT id::text AS id, dag_id, task_id, run_id, map_index, try_number, state,"
-                              " hostname FROM task_instance")
-            history = _rows(conn, "SELECT task_instance_id::text AS ti_id, dag_id, task_id, run_id, map_index,"
-                                  " try_number, state, hostname FROM task_instance_history")
+            if _has_working_set(conn):  # 3.4: earlier tries are the archived rows
+                columns = "dag_id, task_id, run_id, region_index AS map_index, try_number, state, hostname"
+                tis = _rows(conn, f"SELECT id::text AS id, {columns} FROM task_instance WHERE working_set IS TRUE")
+                history = _rows(conn, f"SELECT id::text AS ti_id, {columns} FROM task_instance"
+                                      " WHERE working_set IS NOT TRUE")
+            else:
+                tis = _rows(conn, "SELECT id::text AS id, dag_id, task_id, run_id, map_index, try_number, state,"
+                                  " hostname FROM task_instance")
+                history = _rows(conn, "SELECT task_instance_id::text AS ti_id, dag_id, task_id, run_id, map_index,"
+                                      " try_number, state, hostname FROM task_instance_history")
     finally:
         engine.dispose()
     return log, tis, history

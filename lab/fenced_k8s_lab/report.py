@@ -15,6 +15,7 @@ ROWS = [
     ("stale_task_runs", "task code run by stale pods"),
     ("run_404", "/run 404 (unhandled)"),
     ("run_409", "/run 409 (unhandled)"),
+    ("run_410", "/run 410 (unhandled; Airflow 3.4's archived attempts)"),
     ("duplicate_pods", "duplicate pods per launch"),
     ("retries_burned", "retries burned"),
     ("retries_burned_by_stale", "  of which by stale launches"),
@@ -40,7 +41,7 @@ ROWS = [
 HEADLINE = [
     ("pods_started_for_superseded_launch", "pods started for superseded launches"),
     ("stale_task_runs", "task code run by a stale pod"),
-    (("run_404", "run_409"), "`/run` 404 / 409, unhandled"),
+    (("run_404", "run_409", "run_410"), "`/run` 404 / 409 / 410, unhandled"),
     ("retries_burned_by_stale", "retries burned by stale launches"),
     ("tries_burned_by_ha", "tries burned by HA"),
     (("tasks_failed", "tasks_not_terminal"), "tasks failed / not terminal"),
