@@ -50,10 +50,14 @@ FOR EACH ROW EXECUTE FUNCTION lab_ti_log_fn();
 DECISION = re.compile(r"decision=(\S+) path=(\S+) reason=(\S+) enforced=(\S+)(?:.*?pod=(\S+))?")
 ACCESS_STATUS = re.compile(r"status_code[\"']?\s*[=:]\s*(\d{3})")
 #: airflow-core's SchedulerJobRunner._process_executor_events, once per event it takes from the buffer.
-#: Airflow 3.4 names the attempt's UUID first: ``for task instance <uuid> (coordinates=TaskInstanceKey(...``.
-EXECUTOR_EVENT = re.compile(r"Received executor event with state (\w+) for task instance "
-                            r"(?:\S+ \(coordinates=)?TaskInstanceKey\("
+EXECUTOR_EVENT = re.compile(r"Received executor event with state (\w+) for task instance TaskInstanceKey\("
                             r"dag_id='([^']*)', task_id='([^']*)', run_id='([^']*)', try_number=(\d+)")
+#: Airflow 3.4 logs every event it takes from the buffer by attempt UUID (``for task instance <uuid>
+#: (coordinates=...``) and then drops those of archived attempts without a word: an event it applies
+#: is its ``TaskInstance Finished`` line (the live attempt's try).
+UUID_EVENTS = "(coordinates=TaskInstanceKey("
+FINISHED = re.compile(r"TaskInstance Finished: dag_id=([^,]*), task_id=([^,]*), run_id=([^,]*), .*?"
+                      r"executor_state=(\w+), try_number=(\d+)")
 #: The provider's KubernetesJobWatcher.run re-raising (its process exits) and the executor's health
 #: check finding a dead watcher process and starting a new one.
 WATCHER_CRASH = "Unknown error in KubernetesJobWatcher. Failing"
@@ -161,15 +165,23 @@ def decisions(scheduler_logs: list[Path]) -> list[dict]:
 
 
 def executor_events(scheduler_logs: list[Path], states: tuple[str, ...] = ("success", "failed")) -> list[dict]:
-    """Executor events the schedulers took from their event buffers (``Received executor event``),
-    terminal states only by default."""
+    """Executor events the schedulers applied (``Received executor event``; on Airflow 3.4, which
+    drops archived attempts' events after that line, ``TaskInstance Finished``), terminal states
+    only by default."""
     found = []
     for path in scheduler_logs:
-        for line in path.read_text(errors="replace").splitlines():
-            match = EXECUTOR_EVENT.search(line)
-            if match and match.group(1) in states:
-                found.append({"log": path.name, "state": match.group(1), "dag_id": match.group(2),
-                              "task_id": match.group(3), "run_id": match.group(4), "try_number": int(match.group(5))})
+        text = path.read_text(errors="replace")
+        uuid_events = UUID_EVENTS in text
+        for line in text.splitlines():
+            if uuid_events:
+                match = FINISHED.search(line)
+                fields = match and (match.group(4), match.group(1), match.group(2), match.group(3), match.group(5))
+            else:
+                match = EXECUTOR_EVENT.search(line)
+                fields = match and match.groups()
+            if fields and fields[0] in states:
+                found.append({"log": path.name, "state": fields[0], "dag_id": fields[1], "task_id": fields[2],
+                              "run_id": fields[3], "try_number": int(fields[4])})
     return found
 
 
