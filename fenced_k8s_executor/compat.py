@@ -5,8 +5,10 @@ versions; one on a newer, untested release runs with a loud warning naming both.
 The policy (docs/versions.md):
 
 - a provider hook the fences override or call is missing, or no longer accepts the arguments the
-  fences pass, or airflow-core does not pre-assign the launch token, or turns on UUID executor
-  keys: refused (``IncompatibleProviderError``), whatever the version numbers say;
+  fences pass, or airflow-core does not pre-assign the launch token: refused
+  (``IncompatibleProviderError``), whatever the version numbers say. Executor keys of either kind
+  (``TaskInstanceKey``, or ``TaskInstanceUuid`` once core has ``BaseExecutor.get_task_key``, 3.4)
+  are taken as the provider makes them (``provider_compat.executor_key``);
 - installed versions older than the supported range: refused;
 - installed versions newer than the range tested in CI (``TESTED_AIRFLOW``/``TESTED_PROVIDER``)
   that pass every check above: accepted, with a WARNING at import and again when the scheduler
@@ -29,10 +31,11 @@ from packaging.version import InvalidVersion, Version
 log = logging.getLogger("fenced_k8s_executor")
 
 #: Declared in pyproject.toml; what the CI matrix (.ci/matrix) runs, at both ends of each range.
-SUPPORTED_AIRFLOW = ">=3.2.2,<3.4"
+SUPPORTED_AIRFLOW = ">=3.2.2,<3.5"
 SUPPORTED_PROVIDER = ">=10.23.0,<10.26"
-#: The combinations the CI matrix measured (README "Supported").
-TESTED_AIRFLOW = ("3.2.2", "3.3.2")
+#: The combinations the CI matrix measured (README "Supported"). 3.4 is supported from its betas:
+#: tested on 3.4.0b2 until 3.4.0 ships.
+TESTED_AIRFLOW = ("3.2.2", "3.3.2", "3.4.0b2")
 TESTED_PROVIDER = ("10.23.0", "10.24.0", "10.25.0")
 
 AIRFLOW_DIST = "apache-airflow-core"
@@ -61,6 +64,8 @@ REQUIRED_EXECUTOR_HOOKS = {
     "try_adopt_task_instances": (1, ()),
     "_make_safe_label_value": (1, ()),
 }
+#: What ``provider_compat.executor_key`` calls when the provider keys by task-instance UUID (3.4).
+UUID_KEY_HOOKS = {"get_task_key": (1, ())}
 
 #: AirflowKubernetesScheduler methods we wrap on the executor's instance (both creation paths
 #: build every pod through ``_build_pod_request``; the watcher factory is replaced) or call.
@@ -101,8 +106,9 @@ def _accepts(func: object, positional: int, keywords: tuple[str, ...]) -> bool:
         signature = inspect.signature(func)
     except (TypeError, ValueError):  # no signature to read (a builtin): only callability is known
         return True
+    this = [] if inspect.ismethod(func) else [None]  # a classmethod read off its class is bound already
     try:
-        signature.bind(None, *([None] * positional), **{name: None for name in keywords})
+        signature.bind(*this, *([None] * positional), **{name: None for name in keywords})
     except TypeError:
         return False
     return True
@@ -185,12 +191,11 @@ def check(executor_cls: type, base_executor_cls: type, scheduler_cls: type, watc
         problems += _hook_problems(watcher_cls, REQUIRED_WATCHER_HOOKS, "KubernetesJobWatcher.")
         problems += [f"KubernetesJobWatcher.__init__ does not take {name}"
                      for name in provider_compat.missing_watcher_args(watcher_cls)]
+    if getattr(executor_cls, "supports_task_instance_uuid", False):
+        problems += _hook_problems(executor_cls, UUID_KEY_HOOKS)
     if not hasattr(base_executor_cls, "pre_assigns_external_executor_id"):
         problems.append("BaseExecutor.pre_assigns_external_executor_id is missing (the scheduler does not "
                         "pre-assign the launch token)")
-    if getattr(executor_cls, "supports_task_instance_uuid", False):
-        problems.append("the provider keys executors by task instance UUID (BaseExecutor.get_task_key): "
-                        "the fences key launches by TaskInstanceKey")
     untested = []
     for name, installed, supported, tested in (
             ("apache-airflow", airflow, SUPPORTED_AIRFLOW, TESTED_AIRFLOW),

@@ -19,7 +19,8 @@ from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils impor
     KubernetesJobWatcher,
 )
 
-from fenced_k8s_executor import compat, config, deployment, guards, ledger, metrics, pods, stamp, verdicts
+from fenced_k8s_executor import (compat, config, deployment, guards, ledger, metrics, pods, provider_compat, stamp,
+                                 verdicts)
 from fenced_k8s_executor.fences.common import FAILED, QUEUED, Loop, workload_of
 from fenced_k8s_executor.fences.creation import CreationFence
 from fenced_k8s_executor.fences.events import EventFence
@@ -194,8 +195,9 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
             dag_id=ti.dag_id,
             task_id=ti.task_id,
             run_id=ti.run_id,
-            map_index=int(ti.map_index if ti.map_index is not None else -1),
+            map_index=provider_compat.stored_index(ti),
             deployment=self.deployment,
+            region=provider_compat.region_of(getattr(ti, "region_id", None)),
         )
 
     def _launch_of_job(self, job: KubernetesJob | None) -> LaunchIdentity | None:

@@ -70,9 +70,10 @@ def report(call: str, error: BaseException, then: str = "retrying next loop") ->
 
 @dataclass(frozen=True)
 class _Orphan:
-    """What adoption needs of a dead scheduler's TI once its session is gone."""
+    """What adoption needs of a dead scheduler's TI once its session is gone (what the provider's
+    adoption and ``get_task_key`` read of a TI)."""
 
-    id: str
+    id: Any  # the TI's own id object: 3.4's provider compares it with the pod's UUID
     key: Any
     external_executor_id: str | None
     queued_by_job_id: int
@@ -171,10 +172,12 @@ class ApiGuard:
         """The dead scheduler's pods could not be listed: no evidence that they are gone, so no
         TI is reset. They are adopted in the DB (as when their pods were found) and their pods
         relabelled on the next loops; TIs without a scheduler are reset as the provider does."""
+        from fenced_k8s_executor import provider_compat
+
         to_reset = [ti for ti in tis if not ti.queued_by_job_id]
         for ti in tis:
-            if ti.queued_by_job_id and ti.key not in self.running:
-                self._pending_adoption[ti.key] = _Orphan(str(ti.id), ti.key, ti.external_executor_id,
+            if ti.queued_by_job_id and provider_compat.executor_key(self, ti) not in self.running:
+                self._pending_adoption[ti.key] = _Orphan(ti.id, ti.key, ti.external_executor_id,
                                                          int(ti.queued_by_job_id))
         report("adoption", failure, then=f"{len(self._pending_adoption)} TIs adopted, pods relabelled next loop")
         return to_reset
@@ -194,7 +197,7 @@ class ApiGuard:
         launched = 0
         with create_session(scoped=False) as session:
             for ti in session.scalars(select(TaskInstance).where(TaskInstance.id.in_(ids))):
-                token = next(o.external_executor_id for o in orphans if o.id == str(ti.id))
+                token = next(o.external_executor_id for o in orphans if str(o.id) == str(ti.id))
                 if ti.external_executor_id == token and ti.queued_by_job_id == self._scheduler_job_int():
                     launched += bool(self._adopt_by_launching(ti))
         return launched
@@ -202,6 +205,8 @@ class ApiGuard:
     def _finish_adoption(self) -> None:
         """Relabel the pods of TIs adopted while their dead scheduler's pods could not be listed."""
         from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import POD_EXECUTOR_DONE_KEY
+
+        from fenced_k8s_executor import provider_compat
 
         for job_id in sorted({o.queued_by_job_id for o in self._pending_adoption.values()}):
             orphans = {key: o for key, o in self._pending_adoption.items() if o.queued_by_job_id == job_id}
@@ -226,7 +231,7 @@ class ApiGuard:
                 self._adopting = adopting
             for key in orphans:
                 self._pending_adoption.pop(key, None)
-            unresolved = [o for key, o in orphans.items() if key not in self.running]
+            unresolved = [o for o in orphans.values() if provider_compat.executor_key(self, o) not in self.running]
             launched = self._launch_unresolved(unresolved) if self._enforcing else 0
             if len(unresolved) > launched:
                 metrics.incr("adoption.unresolved", count=len(unresolved) - launched)

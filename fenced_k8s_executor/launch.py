@@ -17,6 +17,7 @@ from typing import Mapping
 from fenced_k8s_executor.names import (
     DEPLOYMENT_ANNOTATION,
     DEPLOYMENT_LABEL,
+    REGION_ANNOTATION,
     SCHEDULER_JOB_ANNOTATION,
     TI_ID_ANNOTATION,
     TOKEN_ANNOTATION,
@@ -51,9 +52,14 @@ def _parsed(text: str) -> str | None:
         return None
 
 
-#: A task, independent of its row id and try: (dag_id, task_id, run_id, map_index). The row for a
-#: task keeps this key across clears and retries, which give it a new id.
-TaskKey = tuple  # tuple[str, str, str, int]
+#: A task, independent of its row id and try: (dag_id, task_id, run_id, map_index), plus its region
+#: for a task inside an Airflow 3.4 dynamic region (two iterations of a loop share the other four).
+#: The row for a task keeps this key across clears and retries, which give it a new id.
+TaskKey = tuple  # tuple[str, str, str, int] | tuple[str, str, str, int, str]
+
+
+def task_key(dag_id: str, task_id: str, run_id: str, map_index: int, region: str = "") -> TaskKey:
+    return (dag_id, task_id, run_id, map_index, region) if region else (dag_id, task_id, run_id, map_index)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class LaunchIdentity:
     run_id: str | None = None
     map_index: int | None = -1  # None: the pod's map_index did not read as one
     deployment: str | None = None
+    region: str = ""  # Airflow 3.4 dynamic region ("": none)
 
     # Derived values are cached on the (immutable) instance: every loop asks them of every launch
     # in flight, and a sweep of every pod it lists.
@@ -89,7 +96,7 @@ class LaunchIdentity:
         row could match (``malformed``): such a launch names no task and is never fenced."""
         if not (self.dag_id and self.task_id and self.run_id) or self.map_index is None or self.malformed:
             return None
-        return (self.dag_id, self.task_id, self.run_id, int(self.map_index))
+        return task_key(self.dag_id, self.task_id, self.run_id, int(self.map_index), self.region)
 
     @functools.cached_property
     def malformed(self) -> str | None:
@@ -107,6 +114,8 @@ class LaunchIdentity:
 
     def annotations(self) -> dict[str, str]:
         data = {TI_ID_ANNOTATION: self.ti_id, TRY_NUMBER_ANNOTATION: str(self.try_number)}
+        if self.region:
+            data[REGION_ANNOTATION] = self.region
         if self.token:
             data[TOKEN_ANNOTATION] = self.token
         if self.scheduler_job_id is not None:
@@ -138,6 +147,7 @@ class TaskRow:
     run_id: str | None = None
     map_index: int = -1
     hostname: str | None = None  # where the task last ran (``/run`` writes it; a pod's name in a pod)
+    region: str = ""
 
     @property
     def token(self) -> str | None:
@@ -154,7 +164,7 @@ class TaskRow:
     def task(self) -> TaskKey | None:
         if not (self.dag_id and self.task_id and self.run_id):
             return None
-        return (self.dag_id, self.task_id, self.run_id, int(self.map_index))
+        return task_key(self.dag_id, self.task_id, self.run_id, int(self.map_index), self.region)
 
 
 def _uuid(value: object) -> str | None:
@@ -202,6 +212,7 @@ def from_pod_metadata(annotations: Mapping[str, str] | None) -> LaunchIdentity |
         run_id=annotations.get("run_id"),
         map_index=_map_index(annotations.get("map_index")),
         deployment=annotations.get(DEPLOYMENT_ANNOTATION) or None,
+        region=str(annotations.get(REGION_ANNOTATION) or "").lower(),
     )
 
 

@@ -15,6 +15,10 @@ moved; the launches whose token is not in the set (superseded, or current in ano
 clear of a running task leaves it RESTARTING under its token) are asked by task key, in the same
 statement from the loop after they were first seen outside.
 
+On Airflow 3.4, where every attempt is a row of its own, only the live attempt is read, and a task
+inside a dynamic region is keyed by its region too; which columns those are on the installed
+Airflow is ``provider_compat``'s answer (``task_columns``, ``live_attempt``).
+
 Always an independent connection (never the scoped session): the executor's hooks may run inside
 the scheduler's own transaction, whose row locks must not be committed or released early. On
 PostgreSQL the statements are constant, with array parameters handed to the driver as is.
@@ -26,14 +30,17 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from fenced_k8s_executor.launch import LaunchIdentity, TaskKey, TaskRow
+from fenced_k8s_executor import provider_compat
+from fenced_k8s_executor.launch import LaunchIdentity, TaskKey, TaskRow, task_key
 
 #: Round trips made by this process (read by the benchmark; cheap to keep).
 ROUND_TRIPS = 0
 
+#: The row columns the reads return, by the names the fences know them by (``_columns`` maps them
+#: to the model: ``map_index`` is ``region_index`` on 3.4, ``region`` its ``region_id`` or NULL).
 _COLUMNS = ("id", "state", "try_number", "queued_by_job_id", "external_executor_id", "dag_id", "task_id", "run_id",
-            "map_index", "hostname")
-_KEY = ("dag_id", "task_id", "run_id", "map_index")
+            "map_index", "hostname", "region")
+_KEY = ("dag_id", "task_id", "run_id", "map_index", "region")
 #: The states of the rows whose tokens make the live set: a launch's pod is in flight while its
 #: row is queued (the pod not started yet) or running.
 LIVE_STATES = ("queued", "running")
@@ -124,9 +131,7 @@ def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[
     count, total = digest or (-1, -1)
     params: dict[str, Any] = {"key_tokens": [launch.token for launch in by_key], "count": count, "sum": str(total)}
     for prefix, tasks in (("", wanted), ("key_", [launch.task for launch in by_key])):
-        for name, column in zip(("dag_ids", "task_ids", "run_ids", "map_indexes"),
-                                zip(*tasks) if tasks else [(), (), (), ()]):
-            params[prefix + name] = list(column)
+        params.update(_key_params(tasks, prefix))
     rows, changed, moved = [], {}, None
     for kind, token, *row in _execute(engine, _loop_statement(engine, parts), params) if parts else ():
         if kind == "o":
@@ -161,11 +166,25 @@ def _execute(engine: Any, statement: str, params: dict) -> list:
                 dbapi.autocommit = False
 
 
+def _key_params(tasks: Iterable[TaskKey], prefix: str = "") -> dict[str, list]:
+    """The tasks as the statement's parallel arrays (a task without a region: the sentinel region)."""
+    columns: list[list] = [[], [], [], [], []]
+    for task in tasks:
+        for column, value in zip(columns, task[:4]):
+            column.append(value)
+        columns[4].append(provider_compat.region_param(task[4] if len(task) > 4 else ""))
+    return {prefix + name: column
+            for name, column in zip(("dag_ids", "task_ids", "run_ids", "map_indexes", "region_ids"), columns)}
+
+
 def _columns() -> dict[str, Any]:
-    """The model's columns the reads use, by the names the fences know them by."""
+    """The model's columns the reads use, by the names the fences know them by (None: the installed
+    Airflow has no such column, read as NULL)."""
     from airflow.models.taskinstance import TaskInstance
 
-    return {name: TaskInstance.__table__.c[name] for name in _COLUMNS}
+    c, key = TaskInstance.__table__.c, provider_compat.task_columns()
+    found = {name: c[name] for name in _COLUMNS if name not in ("map_index", "region")}
+    return {**found, "map_index": key.index, "region": key.region}
 
 
 @functools.lru_cache(maxsize=16)
@@ -185,21 +204,26 @@ def _loop_statement(engine: Any, parts: frozenset) -> str:
 
     prepare = engine.dialect.identifier_preparer
     table = prepare.format_table(TaskInstance.__table__)
-    c = {name: prepare.format_column(column) for name, column in _columns().items()}
-    inner = ", ".join(f"t.{c[name]} AS {name}" for name in _COLUMNS)
+    c = {name: None if column is None else prepare.format_column(column) for name, column in _columns().items()}
+    stored = lambda name: "NULL" if c[name] is None else f"t.{c[name]}"  # noqa: E731
+    inner = ", ".join(f"{stored(name)}{'::text' if name == 'region' else ''} AS {name}" for name in _COLUMNS)
     # The id as text: the driver would build a uuid.UUID per row only for str() to undo it.
     columns = ", ".join(f"ti.{name}" + ("::text" if name == "id" else "") for name in _COLUMNS)
-    by_key = " AND ".join(f"t.{c[name]} = {{w}}.{name}" for name in _KEY)
+    by_key = " AND ".join(f"t.{c[name]} = {{w}}.{name}" + ("_id::uuid" if name == "region" else "")
+                          for name in _KEY if c[name] is not None)
+    by_key += provider_compat.live_attempt("t")
     token = f"t.{c['external_executor_id']}"
     states = ", ".join(f"'{state}'" for state in LIVE_STATES)
     live = f"FROM {table} AS t WHERE t.{c['state']} IN ({states}) AND {token} IS NOT NULL"
+    live += provider_compat.live_attempt("t")
     digest = f"count(*) AS n, coalesce(sum(hashtextextended({token}, 0)::numeric), 0) AS s"
 
     def probe(alias: str) -> str:
         return f"LATERAL (SELECT {inner} FROM {table} AS t WHERE {by_key.format(w=alias)} LIMIT 1) AS ti"
 
     keys = ("unnest(%({p}dag_ids)s::varchar[], %({p}task_ids)s::varchar[], %({p}run_ids)s::varchar[],"
-            " %({p}map_indexes)s::integer[]{extra}) AS {w}(dag_id, task_id, run_id, map_index{columns})")
+            " %({p}map_indexes)s::integer[], %({p}region_ids)s::varchar[]{extra})"
+            " AS {w}(dag_id, task_id, run_id, map_index, region_id{columns})")
     branches = {
         "o": f"SELECT 'o', NULL, {columns} FROM {keys.format(p='', extra='', w='w', columns='')}"
              f" CROSS JOIN {probe('w')}",
@@ -210,7 +234,7 @@ def _loop_statement(engine: Any, parts: frozenset) -> str:
         "d": f"SELECT 'd', NULL, d.n::text, d.s::text, NULL::integer, NULL::integer,"
              f" CASE WHEN d.n <> %(count)s OR d.s <> %(sum)s::numeric THEN"
              f" (SELECT coalesce(string_agg({token}, ','), '') {live}) END,"
-             f" NULL, NULL, NULL, NULL::integer, NULL FROM (SELECT {digest} {live}) AS d",
+             f" NULL, NULL, NULL, NULL::integer, NULL, NULL FROM (SELECT {digest} {live}) AS d",
     }
     return " UNION ALL ".join(branches[part] for part in ("o", "k", "d") if part in parts)
 
@@ -218,16 +242,18 @@ def _loop_statement(engine: Any, parts: frozenset) -> str:
 def _read_portable(engine: Any, wanted: set) -> list:
     """A launch batch spans few runs, so the planner uses the (dag_id, run_id) index and the
     statement stays small, where a 4-column tuple IN grew with every task."""
-    from sqlalchemy import select, tuple_
-
-    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import literal, select, tuple_
 
     if not wanted:
         return []
-    runs = sorted({(dag_id, run_id) for dag_id, _, run_id, _ in wanted})
-    task_ids = sorted({task_id for _, task_id, _, _ in wanted})
-    query = select(*_columns().values()).where(
-        tuple_(TaskInstance.dag_id, TaskInstance.run_id).in_(runs), TaskInstance.task_id.in_(task_ids))
+    key = provider_compat.task_columns()
+    runs = sorted({(task[0], task[2]) for task in wanted})
+    task_ids = sorted({task[1] for task in wanted})
+    query = select(*(literal(None) if column is None else column for column in _columns().values())).where(
+        tuple_(key.dag_id, key.run_id).in_(runs), key.task_id.in_(task_ids))
+    live = provider_compat.live_attempt_clause()
+    if live is not None:
+        query = query.where(live)
     with engine.connect() as conn:
         return conn.execute(query).all()
 
@@ -236,13 +262,14 @@ def _row(row: Any) -> TaskRow:
     state = row[1]
     return TaskRow(ti_id=str(row[0]), state=None if state is None else str(getattr(state, "value", state)),
                    try_number=int(row[2]), queued_by_job_id=row[3], external_executor_id=row[4], dag_id=row[5],
-                   task_id=row[6], run_id=row[7], map_index=int(row[8]), hostname=row[9])
+                   task_id=row[6], run_id=row[7], map_index=int(row[8]), hostname=row[9],
+                   region=provider_compat.region_of(row[10]))
 
 
 def _rows_of(rows: list, wanted: set) -> dict[TaskKey, TaskRow]:
     found = {}
     for row in rows:
-        task = (row[5], row[6], row[7], int(row[8]))
+        task = task_key(row[5], row[6], row[7], int(row[8]), provider_compat.region_of(row[10]))
         if task in wanted:
             found[task] = _row(row)
     return found

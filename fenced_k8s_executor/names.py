@@ -19,6 +19,8 @@ TI_ID_ANNOTATION = _PREFIX + "ti-id"
 TOKEN_ANNOTATION = _PREFIX + "launch-token"
 TRY_NUMBER_ANNOTATION = _PREFIX + "try-number"
 SCHEDULER_JOB_ANNOTATION = _PREFIX + "scheduler-job-id"
+#: Airflow 3.4: the dynamic region of a task inside one (absent outside any, and before 3.4).
+REGION_ANNOTATION = _PREFIX + "region-id"
 TOKEN_LABEL = _PREFIX + "launch-token"
 TI_ID_LABEL = _PREFIX + "ti-id"
 #: Which Airflow deployment (metadata DB) launched the pod: the fences only ever delete their own.

@@ -14,8 +14,8 @@ session, closed before the request continues) and answers::
 when the row names another launch token. Everything else passes through untouched and unread:
 other paths and methods, requests without the claim, invalid JWTs (the route answers its own
 401/403), a token whose subject is not the path id (the route's ``ti:self`` 403), unknown ids
-(the route's 404), legacy rows (no token), and any error of the gate itself (a DB error never
-blocks a legitimate start).
+(the route's 404), archived attempts (Airflow 3.4's own 410), legacy rows (no token), and any
+error of the gate itself (a DB error never blocks a legitimate start).
 
 What it cannot do (needs airflow-core): the check is not atomic with the route's
 ``SELECT ... FOR UPDATE``; a re-queue that commits between the two is not seen.
@@ -65,7 +65,13 @@ def _find_execution_registry(root_app: Any) -> Any:
 
 
 def read_row_token(ti_id: uuid.UUID) -> Any:
-    """``external_executor_id`` of one TI row by primary key; ``_MISSING`` when there is no row.
+    """``external_executor_id`` of one TI row by primary key, if it is its task's live attempt;
+    ``_MISSING`` when there is no such row.
+
+    Airflow 3.4 keeps archived attempts as rows of their own and answers their /run with 410
+    itself: an archived attempt reads as missing here, so the route answers it. What 3.4 lets
+    through is a live attempt relaunched under the same id (stuck in queued): that one the token
+    check still answers with 409.
 
     A short, independent, non-scoped session: opened, one SELECT, closed.
     """
@@ -74,8 +80,14 @@ def read_row_token(ti_id: uuid.UUID) -> Any:
     from airflow.models.taskinstance import TaskInstance as TI
     from airflow.utils.session import create_session
 
+    from fenced_k8s_executor.provider_compat import live_attempt_clause
+
+    query = select(TI.external_executor_id).where(TI.id == ti_id)
+    live = live_attempt_clause()
+    if live is not None:
+        query = query.where(live)
     with create_session(scoped=False) as session:
-        row = session.execute(select(TI.external_executor_id).where(TI.id == ti_id)).first()
+        row = session.execute(query).first()
     return _MISSING if row is None else row[0]
 
 

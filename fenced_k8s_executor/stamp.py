@@ -6,7 +6,10 @@ as a pod override instead made ``construct_pod`` run one more ``reconcile_pods``
 deep copies of kubernetes model objects cost about 40 % of a stock pod build.
 
 Applied last, the identity cannot be undone by the user's customisation: our own labels and
-annotations, and the deterministic name (a hook that renames pods would defeat the
+annotations, the provider's ``task_instance_id`` annotation and ``ti_id`` label (Airflow 3.4's
+provider finds a pod's attempt there, or in the stock worker's arguments, which the fenced worker
+entrypoint's ``python -c`` bootstrap does not have; stamped on every release, so pods launched
+before an upgrade to 3.4 carry it too), and the deterministic name (a hook that renames pods would defeat the
 AlreadyExists recognition). The container program is replaced only while it is still the
 provider's own ``execute_workload`` command: a pod whose program the user changed keeps it
 (and runs without the launch gate, as stock would run it).
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from fenced_k8s_executor.launch import LaunchIdentity
+from fenced_k8s_executor.provider_compat import TASK_INSTANCE_ID_ANNOTATION, TASK_INSTANCE_ID_LABEL
 
 #: The provider's worker program (``workload_to_command_args``), without the workload JSON.
 STOCK_PROGRAM = ("python", "-m", "airflow.sdk.execution_time.execute_workload", "--json-string")
@@ -42,8 +46,8 @@ def stamp(pod: Any, launch: LaunchIdentity, name: str | None, program: list[str]
     ``program`` as its main container's args when it still runs the provider's program.
     Returns whether the program was replaced."""
     meta = pod.metadata
-    meta.labels = {**(meta.labels or {}), **launch.labels()}
-    meta.annotations = {**(meta.annotations or {}), **launch.annotations()}
+    meta.labels = {**(meta.labels or {}), **launch.labels(), TASK_INSTANCE_ID_LABEL: launch.ti_id}
+    meta.annotations = {**(meta.annotations or {}), **launch.annotations(), TASK_INSTANCE_ID_ANNOTATION: launch.ti_id}
     if name:
         meta.name = name
     if program is None:

@@ -9,10 +9,12 @@ stale, it logs ONE line and exits 0 instead of dying with a traceback (exit 1, c
 
 - 409 with ``reason == "stale_executor_launch"`` (the api-server run gate), or
 - 404 for this very TI id while the workload token carries a launch claim: the TI id this
-  launch targets no longer exists (cleared, retried or reset: a new id was minted).
+  launch targets no longer exists (cleared, retried or reset: a new id was minted), or
+- 410 likewise (Airflow 3.4): the attempt this TI id names was archived by a clear, retry or
+  reset, and the task has a new live attempt.
 
 A workload without a launch claim (legacy, or ``launch_claim`` off) gets the stock behaviour
-for 404. The token is read, never verified, here: the api-server verified it.
+for 404 and 410. The token is read, never verified, here: the api-server verified it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from fenced_k8s_executor.launch_claim import launch_claim_of, unverified_claims
 
 MODULE = "fenced_k8s_executor.worker"
 _RUN_PATH = re.compile(r"/task-instances/([^/]+)/run/?$")
+#: /run statuses that say this claimed TI id is no longer the task's live attempt, and the reason
+#: logged: the id is gone (cleared, retried or reset before Airflow 3.4), or the attempt was
+#: archived (3.4 keeps it as a row of its own and answers 410; 404 to clients of older API versions).
+GONE = {404: "ti_not_found", 410: "attempt_archived"}
 
 
 #: The pod's program: this module when the worker image has the package, else the stock Task SDK
@@ -72,8 +78,8 @@ def stale_launch(exc: BaseException) -> dict[str, str] | None:
             "launch": str(detail.get("launch") or metrics.short(claim)),
             "current_launch": str(detail.get("current_launch") or "-"),
         }
-    if status == 404 and claim is not None and str(claims.get("sub")) == ti_id:
-        return {"ti_id": ti_id, "reason": "ti_not_found", "launch": metrics.short(claim), "current_launch": "-"}
+    if status in GONE and claim is not None and str(claims.get("sub")) == ti_id:
+        return {"ti_id": ti_id, "reason": GONE[status], "launch": metrics.short(claim), "current_launch": "-"}
     return None
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import annotations_to_key
 
-from fenced_k8s_executor import guards, metrics, pods, verdicts
+from fenced_k8s_executor import guards, metrics, pods, provider_compat, verdicts
 from fenced_k8s_executor.launch import as_token
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import TI_ID_LABEL
@@ -24,7 +24,8 @@ class HandoverFence:
         scheduler's pods cannot be listed, nothing is reset (``_adopt_later``). Fence: a QUEUED
         TI no pod was adopted for is launched here instead of reset (``_adopt_by_launching``)."""
         # The provider forgets a TI once one pod was adopted for it; the fence must still judge
-        # the other pods of that key against the TI (several pods, one key).
+        # the other pods of that key against the TI (several pods, one key). Keyed as the provider
+        # looks pods up: by their coordinates, whatever key kind its executor uses.
         self._adopting = {ti.key: ti for ti in tis}
         try:
             to_reset = super().try_adopt_task_instances(tis)
@@ -53,8 +54,8 @@ class HandoverFence:
 
         if ti.state != TaskInstanceState.QUEUED or as_token(ti.external_executor_id) is None:
             return False
-        key = ti.key
-        if key in self.running or key in self.queued_tasks:
+        key = provider_compat.executor_key(self, ti)
+        if key in self.running or key in provider_compat.queued_workloads(self):
             return True  # queued by an earlier attempt of the scheduler's retried transaction
         try:
             workload = workloads.ExecuteTask.make(ti, generator=self.jwt_generator)
@@ -70,16 +71,19 @@ class HandoverFence:
         if not self._fencing:
             return super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
         ref = pods.ref_from_metadata(pod.metadata)
-        key = annotations_to_key(pod.metadata.annotations)
-        ti = tis_to_flush_by_key.get(key) or self._adopting.get(key)
+        coordinates = annotations_to_key(pod.metadata.annotations)
+        ti = tis_to_flush_by_key.get(coordinates) or self._adopting.get(coordinates)
         if ti is not None and ref.launch is not None:
             verdict = verdicts.should_adopt(ref.launch, ti.external_executor_id)
             if not verdict.act:
                 self._refuse_adoption(kube_client, pod, ref, ti, verdict)
                 if self._enforcing:
                     return  # not adopted: the live launch's pod (if any) is adopted, or the TI reset
+        if ref.launch is not None:
+            _name_attempt(pod, ref.launch.ti_id)
         super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
         if ref.launch is not None:
+            key = provider_compat.executor_key(self, ti) if ti is not None else coordinates
             if key in self.running:
                 self.book.adopted(key, ref.name, ref.launch)
                 if getattr(getattr(pod, "status", None), "phase", None) in (None, "Pending"):
@@ -153,3 +157,18 @@ class HandoverFence:
                     guards.report("revoke", error, then="the reconcile and the sweep follow up")
                 else:
                     log.warning("fenced_k8s_executor revoke listing failed for %s: %r", ti.id, error)
+
+
+def _name_attempt(pod: Any, ti_id: str) -> None:
+    """Airflow 3.4's provider adopts a pod only when it can read the pod's attempt: from the
+    ``task_instance_id`` annotation, else from the stock worker's arguments (a full pod read). A pod
+    this package launched before that annotation was stamped (an Airflow 3.3 scheduler's, across an
+    upgrade) names its attempt in our own annotation, which every version wrote: given to the
+    provider here, on the listed object only. The provider then writes it on the pod as it adopts."""
+    annotations, name = pod.metadata.annotations, provider_compat.TASK_INSTANCE_ID_ANNOTATION
+    if annotations is None or annotations.get(name) is not None:
+        return
+    if isinstance(annotations, dict):
+        annotations[name] = ti_id
+    else:  # the provider lists pods through the dynamic client: a ResourceField
+        setattr(annotations, name, ti_id)

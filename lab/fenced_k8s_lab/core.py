@@ -14,7 +14,10 @@ by hand. What each step calls:
   ``_handle_tasks_stuck_in_queued``; a dead peer: ``adopt_or_reset_orphaned_tasks``.
 - Clearing: ``clear_task_instances`` (``prepare_db_for_next_try``).
 - The worker's side: the execution API routes (``PATCH /run``, ``PATCH /state``) through
-  ``InProcessExecutionAPI`` (the app ``dag.test()`` uses; auth is bypassed, routes are real).
+  ``InProcessExecutionAPI`` (the app ``dag.test()`` uses; auth is bypassed, routes are real),
+  with the HTTP client of its transport (httpx, or httpx2 on Airflow 3.4). On 3.4 those routes
+  read through ``settings.AsyncSession``, which Airflow's ORM set-up builds when an async driver
+  for the metadata DB is installed (the lab's asyncpg).
 
 The process's Airflow ORM must already point at the metadata DB (``settings.reconfigure_orm``).
 Reading rows (``Airflow.row``) is plain SQL: assertions may read, never write.
@@ -68,9 +71,24 @@ class Row:
 
     @property
     def key(self):
+        """The key the provider's executor uses for this TI (``running``, the event buffer):
+        a ``TaskInstanceUuid`` where it keys by UUID (Airflow 3.4), else the ``TaskInstanceKey``."""
         from airflow.models.taskinstancekey import TaskInstanceKey
 
-        return TaskInstanceKey(self.dag_id, self.task_id, self.run_id, self.try_number, self.map_index)
+        coordinates = TaskInstanceKey(self.dag_id, self.task_id, self.run_id, self.try_number, self.map_index)
+        from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
+
+        if getattr(KubernetesExecutor, "supports_task_instance_uuid", False):
+            return KubernetesExecutor.get_task_key(_KeyOf(uuid.UUID(self.id), coordinates))
+        return coordinates
+
+
+@dataclass(frozen=True)
+class _KeyOf:
+    """What ``get_task_key`` reads of a TI."""
+
+    id: uuid.UUID
+    key: Any
 
 
 class Airflow:
@@ -212,12 +230,24 @@ class Airflow:
             clear_task_instances(tis, session, **kwargs)
         return self.row(row.dag_id, row.task_id, row.run_id, row.map_index)
 
+    def next_try(self, row: Row) -> Row:
+        """``prepare_db_for_next_try``, as a retry, a clear or an orphan reset calls it: a new id for
+        the task's next try (before Airflow 3.4 the row moves to it; 3.4 archives the attempt's
+        row and inserts its successor). Returns the task's live row."""
+        from airflow.models.taskinstance import TaskInstance as TI
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            ti = session.get(TI, uuid.UUID(row.id))
+            ti.prepare_db_for_next_try(session)
+        return self.row(row.dag_id, row.task_id, row.run_id, row.map_index)
+
     # ------------------------------------------------------------------ the worker (execution API)
 
     @property
     def api(self):
         if self._api is None:
-            import httpx
+            import importlib
 
             from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
 
@@ -225,7 +255,9 @@ class Airflow:
             self._execution_api = api = InProcessExecutionAPI()
             transport = api.transport
             _wait_for_lifespan(api.app)
-            self._api = httpx.Client(transport=transport, base_url="http://in-process.invalid/")
+            # The client of the transport's own library: httpx up to 3.3, httpx2 on 3.4.
+            http = importlib.import_module(type(transport).__module__.split(".")[0])
+            self._api = http.Client(transport=transport, base_url="http://in-process.invalid/")
         return self._api
 
     def start(self, row: Row, *, hostname: str = "worker-pod", pid: int = 4242) -> Any:
@@ -327,7 +359,7 @@ class Scheduler:
     def trigger(self, open_slots: int = 64) -> None:
         """The first half of the executor heartbeat: queued workloads -> execute_async (task queue)."""
         for executor in self.executors:
-            executor.trigger_tasks(open_slots=open_slots)
+            trigger(executor, open_slots)
 
     def queue(self, dag_id: str, run_id: str, *, trigger: bool = True) -> int:
         """schedule + enqueue (+ trigger): what one scheduler loop does for a fresh run."""
@@ -400,6 +432,13 @@ class Scheduler:
                     executor.end()
             except Exception:  # as _execute does: one executor's failure does not skip the others
                 pass
+
+
+def trigger(executor: Any, open_slots: int) -> None:
+    """The executor heartbeat's first half: ``trigger_workloads`` (Airflow 3.4), else ``trigger_tasks``
+    (3.4 keeps it as a deprecated alias that warns)."""
+    method = getattr(executor, "trigger_workloads", None) or executor.trigger_tasks
+    method(open_slots=open_slots)
 
 
 def _name(executor: Any) -> None:

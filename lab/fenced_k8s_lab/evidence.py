@@ -33,7 +33,7 @@ BEGIN
     INSERT INTO lab_ti_log(ti_id, op) VALUES (OLD.id, 'delete');
     RETURN OLD;
   END IF;
-  IF TG_OP = 'UPDATE' AND OLD.id <> NEW.id THEN
+  {archive}IF TG_OP = 'UPDATE' AND OLD.id <> NEW.id THEN
     INSERT INTO lab_ti_log(ti_id, op) VALUES (OLD.id, 'gone');
   END IF;
   IF TG_OP = 'INSERT' OR OLD.id <> NEW.id OR OLD.state IS DISTINCT FROM NEW.state
@@ -52,17 +52,40 @@ ACCESS_STATUS = re.compile(r"status_code[\"']?\s*[=:]\s*(\d{3})")
 #: airflow-core's SchedulerJobRunner._process_executor_events, once per event it takes from the buffer.
 EXECUTOR_EVENT = re.compile(r"Received executor event with state (\w+) for task instance TaskInstanceKey\("
                             r"dag_id='([^']*)', task_id='([^']*)', run_id='([^']*)', try_number=(\d+)")
+#: Airflow 3.4 logs every event it takes from the buffer by attempt UUID (``for task instance <uuid>
+#: (coordinates=...``) and then drops those of archived attempts without a word: an event it applies
+#: is its ``TaskInstance Finished`` line (the live attempt's try).
+UUID_EVENTS = "(coordinates=TaskInstanceKey("
+FINISHED = re.compile(r"TaskInstance Finished: dag_id=([^,]*), task_id=([^,]*), run_id=([^,]*), .*?"
+                      r"executor_state=(\w+), try_number=(\d+)")
 #: The provider's KubernetesJobWatcher.run re-raising (its process exits) and the executor's health
 #: check finding a dead watcher process and starting a new one.
 WATCHER_CRASH = "Unknown error in KubernetesJobWatcher. Failing"
 WATCHER_RESTART = "Error while health checking kube watcher process"
 
 
+#: Airflow 3.4 archives an attempt in place (``working_set`` leaves TRUE; a try archived while queued
+#: or running is marked failed as it goes) and inserts its successor: logged as the attempt going,
+#: as 3.3's move of the row to a new id was, not as a state change of the try.
+ARCHIVED = """IF TG_OP = 'UPDATE' AND OLD.working_set IS TRUE AND NEW.working_set IS NOT TRUE THEN
+    INSERT INTO lab_ti_log(ti_id, op) VALUES (OLD.id, 'gone');
+    RETURN NEW;
+  END IF;
+  """
+
+
+def _has_working_set(conn: Any) -> bool:
+    """Airflow 3.4's task_instance keeps every attempt, the live one marked by ``working_set``."""
+    return bool(conn.exec_driver_sql(
+        "SELECT 1 FROM information_schema.columns WHERE table_name = 'task_instance'"
+        " AND column_name = 'working_set' AND table_schema = current_schema()").first())
+
+
 def install_change_log(db_url: str) -> None:
     engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
-            conn.exec_driver_sql(CHANGE_LOG_DDL)
+            conn.exec_driver_sql(CHANGE_LOG_DDL.replace("{archive}", ARCHIVED if _has_working_set(conn) else ""))
     finally:
         engine.dispose()
 
@@ -77,10 +100,16 @@ def read_db(db_url: str) -> tuple[list[dict], list[dict], list[dict]]:
         with engine.connect() as conn:
             log = _rows(conn, "SELECT ts, ti_id::text AS ti_id, op, state, try_number, task_id FROM lab_ti_log"
                               " ORDER BY seq")
-            tis = _rows(conn, "SELECT id::text AS id, dag_id, task_id, run_id, map_index, try_number, state,"
-                              " hostname FROM task_instance")
-            history = _rows(conn, "SELECT task_instance_id::text AS ti_id, dag_id, task_id, run_id, map_index,"
-                                  " try_number, state, hostname FROM task_instance_history")
+            if _has_working_set(conn):  # 3.4: earlier tries are the archived rows
+                columns = "dag_id, task_id, run_id, region_index AS map_index, try_number, state, hostname"
+                tis = _rows(conn, f"SELECT id::text AS id, {columns} FROM task_instance WHERE working_set IS TRUE")
+                history = _rows(conn, f"SELECT id::text AS ti_id, {columns} FROM task_instance"
+                                      " WHERE working_set IS NOT TRUE")
+            else:
+                tis = _rows(conn, "SELECT id::text AS id, dag_id, task_id, run_id, map_index, try_number, state,"
+                                  " hostname FROM task_instance")
+                history = _rows(conn, "SELECT task_instance_id::text AS ti_id, dag_id, task_id, run_id, map_index,"
+                                      " try_number, state, hostname FROM task_instance_history")
     finally:
         engine.dispose()
     return log, tis, history
@@ -136,15 +165,23 @@ def decisions(scheduler_logs: list[Path]) -> list[dict]:
 
 
 def executor_events(scheduler_logs: list[Path], states: tuple[str, ...] = ("success", "failed")) -> list[dict]:
-    """Executor events the schedulers took from their event buffers (``Received executor event``),
-    terminal states only by default."""
+    """Executor events the schedulers applied (``Received executor event``; on Airflow 3.4, which
+    drops archived attempts' events after that line, ``TaskInstance Finished``), terminal states
+    only by default."""
     found = []
     for path in scheduler_logs:
-        for line in path.read_text(errors="replace").splitlines():
-            match = EXECUTOR_EVENT.search(line)
-            if match and match.group(1) in states:
-                found.append({"log": path.name, "state": match.group(1), "dag_id": match.group(2),
-                              "task_id": match.group(3), "run_id": match.group(4), "try_number": int(match.group(5))})
+        text = path.read_text(errors="replace")
+        uuid_events = UUID_EVENTS in text
+        for line in text.splitlines():
+            if uuid_events:
+                match = FINISHED.search(line)
+                fields = match and (match.group(4), match.group(1), match.group(2), match.group(3), match.group(5))
+            else:
+                match = EXECUTOR_EVENT.search(line)
+                fields = match and match.groups()
+            if fields and fields[0] in states:
+                found.append({"log": path.name, "state": fields[0], "dag_id": fields[1], "task_id": fields[2],
+                              "run_id": fields[3], "try_number": int(fields[4])})
     return found
 
 

@@ -136,6 +136,8 @@ def measure(ev: Evidence) -> dict[str, Any]:
     stale_exits = sum(1 for p in ev.pods if p.get("output_stale_exit"))
     handled_404 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "ti_not_found")
     handled_409 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "stale_executor_launch")
+    # Airflow 3.4 answers /run of an archived attempt with 410 (the fenced worker: attempt_archived).
+    handled_410 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "attempt_archived")
 
     # The lab's tasks fail only on purpose (``failed_on_purpose``: the task printed its fail mark for
     # that try): every other transition of a try into failed or up_for_retry is a burned retry (a
@@ -183,7 +185,8 @@ def measure(ev: Evidence) -> dict[str, Any]:
         "stale_pods_turned_away": stale_exits,
         "run_404": max(0, statuses.get(404, 0) - handled_404),
         "run_409": max(0, statuses.get(409, 0) - handled_409),
-        "run_rejected_stale": handled_409 + handled_404,
+        "run_410": max(0, statuses.get(410, 0) - handled_410),
+        "run_rejected_stale": handled_409 + handled_404 + handled_410,
         "duplicate_pods": duplicates,
         "retries_burned": len(failed_tries),
         "retries_burned_by_stale": burned_by_stale,
@@ -301,7 +304,8 @@ def slots_leaked(ev: Evidence, tis_holding_slots: int) -> int | None:
 
 
 def stale_exit_reason(output: str) -> str | None:
-    """The reason a worker gave for a clean stale exit (``stale_executor_launch``/``ti_not_found``)."""
+    """The reason a worker gave for a clean stale exit (``stale_executor_launch``, ``ti_not_found``,
+    ``attempt_archived``)."""
     for line in output.splitlines():
         if STALE_EXIT_MARK in line:
             match = re.search(r'"reason"\s*:\s*"(\w+)"|reason=(\w+)', line)

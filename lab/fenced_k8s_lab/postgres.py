@@ -160,12 +160,11 @@ class PostgresServer:
 
 
 def airflow_db_env(url: str) -> dict:
-    """Environment pointing Airflow at `url`.
-
-    Airflow derives an asyncpg URL for its async engine; asyncpg is not a lab dependency and
-    only rarely used endpoints need it, so the async engine is disabled with an empty URL.
-    """
-    return {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": ""}
+    """Environment pointing Airflow at `url`, its async engine too (asyncpg): Airflow 3.4's
+    execution API reads through ``settings.AsyncSession`` (``/run`` answers 500 without it)."""
+    scheme, _, rest = url.partition("://")
+    return {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": f"{scheme.split('+')[0]}+asyncpg://{rest}"}
 
 
 def airflow_migrate(url: str, env: dict | None = None) -> float:

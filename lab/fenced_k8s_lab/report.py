@@ -20,6 +20,7 @@ ROWS = [
     ("stale_task_runs", "task code run by stale pods"),
     ("run_404", "/run 404 (unhandled)"),
     ("run_409", "/run 409 (unhandled)"),
+    ("run_410", "/run 410 (unhandled; Airflow 3.4's archived attempts)"),
     ("duplicate_pods", "duplicate pods per launch"),
     ("retries_burned", "retries burned"),
     ("retries_burned_by_stale", "  of which by stale launches"),
@@ -55,6 +56,8 @@ DEFINITIONS = {
     "run_404": "`/run` calls the api-server answered 404 that no worker handled as a stale launch: a task failing "
                "with an opaque `not_found`.",
     "run_409": "`/run` calls answered 409 that no worker handled as a stale launch.",
+    "run_410": "`/run` calls answered 410 (Airflow 3.4: an archived attempt) that no worker handled as a stale "
+               "launch.",
     "duplicate_pods": "pods started beyond the first for one launch.",
     "retries_burned": "tries that ended `failed` or `up_for_retry` without the task failing on purpose (the lab's "
                       "tasks never fail by themselves unless the scenario says so).",
@@ -89,7 +92,7 @@ DEFINITIONS = {
 SUMMARY = [
     ("pods_started_for_superseded_launch", "pods started for superseded launches"),
     ("stale_task_runs", "task code run by stale pods"),
-    (("run_404", "run_409"), "/run 404 / 409 (unhandled)"),
+    (("run_404", "run_409", "run_410"), "/run 404 / 409 / 410 (unhandled)"),
     ("tries_burned_by_ha", "tries burned by HA"),
     ("tasks_failed", "tasks failed"),
     ("tasks_not_terminal", "tasks not terminal"),

@@ -30,6 +30,12 @@ class SeededTI:
     token: str | None
 
 
+def index_column(engine: sa.Engine) -> str:
+    """The stored map-index column of task_instance: Airflow 3.4 renamed it region_index (its new
+    region_id and working_set columns have server defaults: a seeded row is a live, unregioned task)."""
+    return "region_index" if "region_index" in _columns(engine, "task_instance") else "map_index"
+
+
 def seed_dag(engine: sa.Engine, dag_id: str) -> str:
     """Bundle, DAG and one DAG version; returns the dag_version id."""
     version_id = str(uuid.uuid4())
@@ -104,7 +110,7 @@ def insert_tis(
         with engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    "INSERT INTO task_instance(id, task_id, dag_id, run_id, map_index, try_number, max_tries,"
+                    f"INSERT INTO task_instance(id, task_id, dag_id, run_id, {index_column(engine)}, try_number, max_tries,"
                     " pool, pool_slots, state, queue, priority_weight, dag_version_id, external_executor_id,"
                     " queued_by_job_id, queued_dttm) VALUES (:id, :task_id, :dag_id, :run_id, -1, :try_number, 2,"
                     " 'default_pool', 1, :state, 'default', 1, :v, :token, :job, now())"

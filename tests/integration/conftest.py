@@ -256,11 +256,15 @@ class World:
 
         launch = _launch(row, token, sched.job_id, deployment or our_deployment())
         name = name or f"{row.task_id.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
+        from fenced_k8s_executor import provider_compat
+
+        # What the provider and the stamp put on a pod, the attempt's task_instance_id included
+        # (Airflow 3.4's provider finds a pod's attempt by it).
         labels = {"kubernetes_executor": "True", "airflow-worker": str(sched.job_id), "dag_id": row.dag_id,
                   "task_id": row.task_id, "try_number": str(row.try_number), "run_id": row.run_id,
-                  **launch.labels()}
+                  **launch.labels(), provider_compat.TASK_INSTANCE_ID_LABEL: row.id}
         annotations = {"dag_id": row.dag_id, "task_id": row.task_id, "try_number": str(row.try_number),
-                       "run_id": row.run_id, **launch.annotations()}
+                       "run_id": row.run_id, **launch.annotations(), provider_compat.TASK_INSTANCE_ID_ANNOTATION: row.id}
         assert isinstance(launch, LaunchIdentity)
         body = {"metadata": {"name": name, "labels": labels, "annotations": annotations},
                 "spec": {"restartPolicy": "Never", "containers": [{"name": "base", "image": "x"}]}}

@@ -175,6 +175,14 @@ def _claim(ti_id: str, token: str) -> str:
     return launch_claim.mint(_generator(), ti_id=ti_id, token=token, valid_for=600)
 
 
+def _gone() -> tuple[int, str]:
+    """Core's answer to /run of a cleared launch's TI id, and the fenced worker's reason for it:
+    404 (the id is gone) before Airflow 3.4; 410 on 3.4, which keeps the archived attempt's row."""
+    from fenced_k8s_executor import provider_compat
+
+    return (410, "attempt_archived") if provider_compat.task_columns().live is not None else (404, "ti_not_found")
+
+
 def _stock(ti_id: str) -> str:
     from airflow.executors.workloads.base import BaseWorkloadSchema
 
@@ -233,18 +241,19 @@ def test_stale_claim_on_a_running_ti_is_rejected(stack, world):
     assert resp.status_code == 409 and resp.json()["detail"]["reason"] == "stale_executor_launch"
 
 
-# --- (c) unknown ids: stock 404 ----------------------------------------------------------------
+# --- (c) cleared ids: core's own 404 (410 on Airflow 3.4) --------------------------------------
 
 
 @pytest.mark.tasks("t1")
-def test_run_for_a_cleared_ti_id_is_stock_404(stack, world):
-    """A clear gives the row a new id: the old launch's id is gone, the route's own 404."""
+def test_run_for_a_cleared_ti_id_gets_cores_own_answer(stack, world):
+    """A clear gives the task a new id: the old launch's id is gone (404), or on Airflow 3.4 its
+    archived attempt (410). The gate leaves both to the route."""
     _, rows = _queued(world)
     old = rows["t1"]
     cleared = world.airflow.clear(old)
     assert cleared.id != old.id
     resp = _run(stack, old.id, _claim(old.id, old.token))
-    assert resp.status_code == 404
+    assert resp.status_code == _gone()[0]
     assert resp.json()["detail"]["reason"] == "not_found"
 
 
@@ -337,7 +346,7 @@ def _stock_args(workload) -> list[str]:
 @pytest.mark.tasks("t1", "t2", "t3")
 def test_worker_wrapper_exits_0_on_stale_launch_stock_fails(stack, world, capsys):
     sched, before = _queued(world)
-    # 404: the TI id this launch targets no longer exists (a clear gave the task a new id)
+    # 404 (410 on Airflow 3.4): the TI id this launch targets is no longer the task's live attempt
     gone_row = before["t2"]
     gone = _workload(gone_row, _claim(gone_row.id, gone_row.token))
     world.airflow.clear(gone_row)
@@ -385,7 +394,7 @@ def test_worker_wrapper_exits_0_on_stale_launch_stock_fails(stack, world, capsys
     code, text = out["wrapper_404"]
     assert code == 0, text
     [line] = stale_lines(text)
-    assert gone_row.id in line and metrics.short(gone_row.token) in line and "ti_not_found" in line
+    assert gone_row.id in line and metrics.short(gone_row.token) in line and _gone()[1] in line
 
     for name in ("stock_409", "stock_404"):
         code, text = out[name]

@@ -106,6 +106,28 @@ def test_scheduler_log_parsers(tmp_path):
                                                                        ("restart", "scheduler-0.log")]
 
 
+UUID_EVENT = ("2026-12-03T12:42:11Z [info     ] Received executor event with state {state} for task instance "
+              "01a23bec-b2ca-7847-a766-82e432eac7fe (coordinates=TaskInstanceKey(dag_id='lab_x', task_id='{task}', "
+              "run_id='manual__2026-12-03T12:41:37+00:00', try_number={tr}, map_index=-1)) [airflow.jobs...]")
+FINISHED = ("2026-12-03T12:41:52Z [info     ] TaskInstance Finished: dag_id=lab_x, task_id={task}, "
+            "run_id=manual__2026-12-03T12:41:37+00:00, map_index=-1, ti_id=01a23bec-c16a-7fcf-a58d-7ffba3ad0d80, "
+            "run_start_date=2026-12-03 12:41:47+00:00, run_end_date=2026-12-03 12:41:49+00:00, run_duration=2.4, "
+            "state=success, executor=KubernetesExecutor(parallelism=64), executor_state={state}, try_number={tr}, "
+            "max_tries=2, pool=default_pool, queue=default, priority_weight=1, operator=_PythonDecoratedOperator")
+
+
+def test_airflow_34_events_applied_are_the_finished_lines(tmp_path):
+    """Airflow 3.4 logs every event by attempt UUID as it takes it from the buffer, then drops
+    archived attempts' events silently: only ``TaskInstance Finished`` says one was applied.
+    Found in the lab: stock clear_churn's four stale failures counted as applied twice."""
+    log = tmp_path / "scheduler-0.log"
+    log.write_text("\n".join([UUID_EVENT.format(state="failed", task="t00", tr=1),  # an archived attempt's: dropped
+                              UUID_EVENT.format(state="success", task="t01", tr=2),
+                              FINISHED.format(state="success", task="t01", tr=2)]))
+    assert [(e["state"], e["task_id"], e["try_number"], e["dag_id"]) for e in ev.executor_events([log])] == [
+        ("success", "t01", 2, "lab_x")]
+
+
 def test_api_faults_are_the_schedulers_requests_a_fault_hit():
     audit = [{"verb": "list", "who": "scheduler-0", "code": 500, "fault": 3},
              {"verb": "list", "who": "scheduler-0", "code": 200},

@@ -89,10 +89,15 @@ def test_a_core_that_does_not_pre_assign_the_token_fails_naming_the_versions():
     assert f"apache-airflow-providers-cncf-kubernetes {compat.SUPPORTED_PROVIDER}" in message
 
 
-def test_uuid_executor_keys_are_refused():
+def test_uuid_executor_keys_are_taken_where_core_makes_them():
+    """Airflow 3.4's BaseExecutor.get_task_key turns the provider's UUID keys on: accepted then, and
+    refused (naming the missing hook) on a core without it, where the keys could not be made."""
     uuid_keyed = type("UuidKubernetesExecutor", (KubernetesExecutor,), {"supports_task_instance_uuid": True})
-    with pytest.raises(compat.IncompatibleProviderError, match="task instance UUID"):
-        check(uuid_keyed)
+    if hasattr(BaseExecutor, "get_task_key"):
+        assert check(uuid_keyed).untested == ()
+    else:
+        with pytest.raises(compat.IncompatibleProviderError, match="get_task_key is missing"):
+            check(uuid_keyed)
 
 
 @pytest.mark.parametrize("versions, named", [
@@ -114,8 +119,8 @@ def test_an_older_release_is_refused_naming_installed_and_supported_versions(ver
 @pytest.mark.parametrize("versions, named", [
     ({"provider_version": "10.26.0"}, "apache-airflow-providers-cncf-kubernetes 10.26.0 (tested: 10.23.0, 10.24.0, 10.25.0)"),
     ({"provider_version": "11.0.0"}, "apache-airflow-providers-cncf-kubernetes 11.0.0"),
-    ({"airflow_version": "3.4.0"}, "apache-airflow 3.4.0 (tested: 3.2.2, 3.3.2) is newer"),
-    ({"airflow_version": "3.4.0rc1"}, "apache-airflow 3.4.0rc1"),
+    ({"airflow_version": "3.5.0"}, "apache-airflow 3.5.0 (tested: 3.2.2, 3.3.2, 3.4.0b2) is newer"),
+    ({"airflow_version": "3.5.0rc1"}, "apache-airflow 3.5.0rc1"),
 ])
 def test_a_newer_release_with_every_hook_runs_with_a_loud_warning(caplog, versions, named):
     with caplog.at_level(logging.WARNING, logger="fenced_k8s_executor"):
@@ -131,8 +136,11 @@ def test_a_newer_release_missing_a_hook_is_refused_not_warned():
         check(renamed, provider_version="10.26.0")
 
 
-def test_prereleases_within_the_range_are_supported():
-    assert check(provider_version="10.25.1rc1").untested == ()
+@pytest.mark.parametrize("versions", [{"provider_version": "10.25.1rc1"}, {"airflow_version": "3.4.0b2"},
+                                      {"airflow_version": "3.4.0rc1"}, {"airflow_version": "3.4.0"}])
+def test_prereleases_within_the_range_are_supported(versions):
+    """3.4 is supported from its betas (tested on 3.4.0b2): silent, like any release in the range."""
+    assert check(**versions).untested == ()
 
 
 def test_the_executor_module_checks_the_provider_classes():
@@ -183,3 +191,72 @@ def test_optional_watcher_arguments_default_when_the_scheduler_lacks_them():
     both = type("Watcher1025", (KubernetesJobWatcher,), {"__init__": __init__})
     kwargs = provider_compat.watcher_kwargs(_kube_scheduler(), "ns", None, both)
     assert kwargs["supports_task_instance_uuid"] is False and kwargs["team_name"] is None
+
+
+# ---------------------------------------------------------------- provider_compat: Airflow 3.4
+
+
+def _ti(**fields):
+    base = dict(id="0190f0aa-0000-7000-8000-000000000001", dag_id="d", task_id="t", run_id="r", try_number=1,
+                map_index=-1)
+    base.update(fields)
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    ti = types.SimpleNamespace(**base)
+    ti.key = TaskInstanceKey(ti.dag_id, ti.task_id, ti.run_id, ti.try_number, provider_compat.stored_index(ti))
+    return ti
+
+
+def test_executor_keys_are_the_providers_own():
+    """Read off the wheels: provider 10.24+ keys by TaskInstanceUuid where core has get_task_key (3.4)."""
+    import uuid
+
+    executor = KubernetesExecutor.__new__(KubernetesExecutor)  # no I/O, no config: only the key methods
+    ti = _ti(id=uuid.UUID("0190f0aa-0000-7000-8000-000000000001"))
+    key = provider_compat.executor_key(executor, ti)
+    if getattr(KubernetesExecutor, "supports_task_instance_uuid", False):
+        from airflow.executors.workloads.types import TaskInstanceUuid
+
+        assert provider_compat.uuid_keys(executor) and key == TaskInstanceUuid(ti.id)
+    else:
+        assert not provider_compat.uuid_keys(executor) and key == ti.key
+
+
+def test_queued_workloads_are_read_where_core_keeps_them():
+    executor = KubernetesExecutor()
+    queued = provider_compat.queued_workloads(executor)
+    queued["k"] = "w"
+    if hasattr(executor, "executor_queues"):  # 3.4: queued_tasks is a deprecated alias
+        from airflow.executors.workloads import WorkloadType
+
+        assert executor.executor_queues[WorkloadType.EXECUTE_TASK] == {"k": "w"}
+    else:
+        assert executor.queued_tasks == {"k": "w"}
+
+
+def test_task_columns_are_the_stored_ones_of_the_installed_model():
+    """3.4 stores the map index as region_index (map_index is an ORM synonym that
+    ``__table__.c`` does not have) next to region_id, and marks the live attempt with working_set."""
+    from airflow.models.taskinstance import TaskInstance
+
+    columns = provider_compat.task_columns()
+    names = set(TaskInstance.__table__.c.keys())
+    if "working_set" in names:
+        assert (columns.index.name, columns.region.name, columns.live.name) == (
+            "region_index", "region_id", "working_set")
+        assert provider_compat.live_attempt("ti") == " AND ti.working_set IS TRUE"
+        assert provider_compat.live_attempt_clause() is not None
+    else:
+        assert columns.index.name == "map_index" and columns.region is None and columns.live is None
+        assert provider_compat.live_attempt("ti") == "" and provider_compat.live_attempt_clause() is None
+    assert all(c.table is TaskInstance.__table__ for c in (columns.dag_id, columns.task_id, columns.run_id))
+
+
+def test_regions_and_stored_indexes():
+    assert provider_compat.region_of(None) == provider_compat.region_of(provider_compat.SENTINEL_REGION) == ""
+    region = "0190F0AA-0000-7000-8000-0000000000AB"
+    assert provider_compat.region_of(region) == region.lower()
+    assert provider_compat.region_param("") == provider_compat.SENTINEL_REGION
+    assert provider_compat.stored_index(_ti(map_index=3)) == 3
+    assert provider_compat.stored_index(_ti(map_index=-1, region_index=5)) == 5
+    assert provider_compat.stored_index(_ti(map_index=None)) == -1

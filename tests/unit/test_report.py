@@ -31,8 +31,8 @@ def test_summary_has_a_row_per_executor_and_names_non_default_settings():
                            "late_start": {"stock": STOCK, "fenced": FENCED}})
     lines = text.splitlines()
     assert len(lines) == 2 + 4 and "→" not in text
-    assert lines[2].startswith("| pending_storm | stock | 10 | 1 | 0 / 1 | 2 | 8 | 0 | 0 |")
-    assert lines[3].startswith("|  | fenced | 0 | 0 | 0 / 0 | 0 | 0 | 0 | 0 |")
+    assert lines[2].startswith("| pending_storm | stock | 10 | 1 | 0 / 1 / - | 2 | 8 | 0 | 0 |")
+    assert lines[3].startswith("|  | fenced | 0 | 0 | 0 / 0 / - | 0 | 0 | 0 | 0 |")
     assert "| fenced [sweep_interval=0] |" in lines[5]
 
 

@@ -103,3 +103,20 @@ def test_missing_provider_hook_fails_at_import_naming_it():
 
     with pytest.raises(compat.IncompatibleProviderError, match="AirflowKubernetesScheduler._build_pod_request"):
         compat.check(FencedKubernetesExecutor, BaseExecutor, Scheduler)
+
+
+def test_every_stamped_pod_names_its_attempt_as_airflow_34s_provider_reads_it():
+    """The fenced entrypoint's ``python -c`` bootstrap has no stock arguments to parse: the
+    provider's task_instance_id annotation (and ti_id label) name the attempt, on every release,
+    so a pod launched before an upgrade to 3.4 is found by 3.4's events and adoption."""
+    from airflow.providers.cncf.kubernetes.executors import kubernetes_executor_types
+
+    from fenced_k8s_executor import provider_compat
+
+    launch = _launch()
+    pod = _built()
+    stamp.stamp(pod, launch, None, GATE_ARGS)
+    assert pod.metadata.annotations[provider_compat.TASK_INSTANCE_ID_ANNOTATION] == launch.ti_id
+    assert pod.metadata.labels[provider_compat.TASK_INSTANCE_ID_LABEL] == launch.ti_id
+    read = getattr(kubernetes_executor_types, "task_instance_id_from_pod", None)  # provider 10.24+
+    assert read is None or str(read(pod)) == launch.ti_id

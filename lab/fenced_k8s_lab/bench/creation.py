@@ -12,6 +12,7 @@ import time
 from fenced_k8s_executor import ledger
 from fenced_k8s_lab.bench.env import (Lab, fmt_spread, forget, interleaved, median, pinned_apart, profiled,
                                                progress, quiet_gc, spread, workload)
+from fenced_k8s_lab.core import trigger  # trigger_workloads on Airflow 3.4
 
 
 #: One queue-time repetition is an ABBA block of runs, each kind's fastest of its eight runs
@@ -80,7 +81,7 @@ def _queue_once(ex, tis: list, workloads: int) -> dict:
     q1 = time.perf_counter()
     with quiet_gc():
         t0, c0 = time.perf_counter(), time.process_time()
-        ex.trigger_tasks(open_slots=workloads)
+        trigger(ex, open_slots=workloads)
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     job = ex.task_queue.get_nowait()  # what crossed the Manager queue, re-pickled here (untimed)
     ex.task_queue.task_done()
@@ -151,7 +152,7 @@ def _precreate_once(lab: Lab, ex, tis: list) -> dict:
     try:
         for ti in tis:
             ex.queue_workload(workload(ti, ex), session=None)
-        ex.trigger_tasks(open_slots=len(tis))
+        trigger(ex, open_slots=len(tis))
         ex.kube_scheduler.run_next = created.append  # no pod creation: the check alone
         if hasattr(ex, "_loop_state"):  # a new loop: no rows read yet (sync() would reset it too)
             ex._loop_state = None
@@ -216,7 +217,7 @@ def _launch_once(lab: Lab, ex, count: int, batch_size: int) -> dict:
     t0 = time.perf_counter()
     for w in work:
         ex.queue_workload(w, session=None)
-    ex.trigger_tasks(open_slots=count)  # execute_async for every job (fenced: pod override, claim)
+    trigger(ex, open_slots=count)  # execute_async for every job (fenced: pod override, claim)
     t1 = time.perf_counter()
     before = lab.trips.snapshot()
     syncs, sync_seconds, sync_cpu = 0, 0.0, 0.0

@@ -393,7 +393,7 @@ class Lab:
                 " FROM dag_version dv CROSS JOIN generate_series(1, :runs) AS r WHERE dv.dag_id LIKE 'bench_dag_%'"
             ), {"runs": runs})
             conn.execute(sa.text(
-                "INSERT INTO task_instance(id, task_id, dag_id, run_id, map_index, try_number, max_tries, pool,"
+                f"INSERT INTO task_instance(id, task_id, dag_id, run_id, {seed.index_column(self.engine)}, try_number, max_tries, pool,"
                 " pool_slots, state, queue, priority_weight, dag_version_id, external_executor_id,"
                 " queued_by_job_id, queued_dttm, start_date, end_date)"
                 " SELECT gen_random_uuid(), 'task_' || t, dr.dag_id, dr.run_id, -1, 1, 2, 'default_pool', 1,"

@@ -8,6 +8,7 @@ import time
 from fenced_k8s_lab.bench.env import (KINDS, Lab, fmt_spread, forget, interleaved, median, percentile,
                                                profiled, progress, quiet_gc, ratio_spread, spread, workload,
                                                write_profile)
+from fenced_k8s_lab.core import trigger  # trigger_workloads on Airflow 3.4
 
 
 def state_change(lab: Lab, events: int, reps: int) -> dict:
@@ -22,7 +23,7 @@ def state_change(lab: Lab, events: int, reps: int) -> dict:
         ex = execs[kind] = lab.executor(kind, namespace=ns, batch_size=events)
         for ti in lab.queued_tis(events, ex.job_id, f"state_{kind}"):
             ex.queue_workload(workload(ti, ex), session=None)
-        ex.trigger_tasks(open_slots=events)
+        trigger(ex, open_slots=events)
         while len(ex.running) and lab.pods_in(ns) < events:
             ex.sync()
         pods = lab.core_api().list_namespaced_pod(ns).items
@@ -161,6 +162,7 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
             arrivals[kind].append([tis[i:i + per_loop] for i in range(0, len(tis), per_loop)])
             for ti in tis:
                 ti_of[(ti.dag_id, ti.task_id, ti.run_id)] = str(ti.id)
+    ti_ids = {ti_id: ti_id for ti_id in ti_of.values()}
     m: dict = {kind: {"syncs": [], "cpus": [], "statements": [], "wire": [], "done": set(), "by_ex": [[], []]}
                for kind in KINDS}
     mark = lab.audit_mark()
@@ -182,7 +184,7 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
                 if loop < len(arriving):
                     for ti in arriving[loop]:
                         ex.queue_workload(workload(ti, ex), session=None)
-                ex.trigger_tasks(open_slots=32)
+                trigger(ex, open_slots=32)
                 before = lab.trips.snapshot()
                 prof = profs.get(kind) if timed else None
                 if prof is not None:
@@ -201,7 +203,9 @@ def _loop_window(lab: Lab, rep: int, per: int, heartbeat: float, max_running: in
                     m[kind]["wire"].append(db["wire"])
                 started = []
                 for key, (state, info) in ex.get_event_buffer().items():
-                    ti_id = ti_of.get((key.dag_id, key.task_id, key.run_id))
+                    # Airflow 3.4's provider keys events by TaskInstanceUuid
+                    ti_id = (ti_of.get((key.dag_id, key.task_id, key.run_id)) if hasattr(key, "dag_id")
+                             else ti_ids.get(str(getattr(key, "id", ""))))
                     if ti_id is None:
                         continue
                     if state == TaskInstanceState.RUNNING:
@@ -260,7 +264,7 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128, exp
             ex = execs[kind] = lab.executor(kind.split("_")[0], namespace=ns, batch_size=batch_size)
             for ti in lab.queued_tis(n, ex.job_id, f"inflight_{kind}"):
                 ex.queue_workload(workload(ti, ex), session=None)
-            ex.trigger_tasks(open_slots=n)
+            trigger(ex, open_slots=n)
             guard = 0
             while lab.pods_in(ns) < n and guard < 3 * n // batch_size + 20:
                 ex.sync()

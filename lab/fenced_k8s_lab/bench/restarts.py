@@ -10,6 +10,7 @@ from typing import Any
 
 from fenced_k8s_lab.bench.env import (KINDS, Lab, fmt_spread, median, percentile, progress, quiet_gc,
                                                ratio_spread, spread, workload)
+from fenced_k8s_lab.core import trigger  # trigger_workloads on Airflow 3.4
 from fenced_k8s_lab.bench.sweeping import DEPLOYMENT, clear, fill
 
 #: The dead scheduler's job id: no Job row has it, so no scheduler of that id is running.
@@ -90,7 +91,7 @@ def orphans(lab: Lab, count: int, syncs: int, per_loop: int = 2, peer: _LivePeer
             if mode == "busy":
                 for ti in lab.queued_tis(per_loop, ex.job_id, f"orphans_busy_{kind}"):
                     ex.queue_workload(workload(ti, ex), session=None)
-                ex.trigger_tasks(open_slots=per_loop)
+                trigger(ex, open_slots=per_loop)
             before = lab.trips.snapshot()
             with quiet_gc():
                 s0, c0 = time.perf_counter(), time.process_time()
