@@ -183,8 +183,8 @@ def _columns() -> dict[str, Any]:
     from airflow.models.taskinstance import TaskInstance
 
     c, key = TaskInstance.__table__.c, provider_compat.task_columns()
-    found = {name: c[name] for name in _COLUMNS if name not in ("map_index", "region")}
-    return {**found, "map_index": key.index, "region": key.region}
+    stored = {"map_index": key.index, "region": key.region}
+    return {name: stored[name] if name in stored else c[name] for name in _COLUMNS}
 
 
 @functools.lru_cache(maxsize=16)
