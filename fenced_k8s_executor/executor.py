@@ -148,6 +148,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
     def end(self) -> None:
         if self.in_flight_pods is not None:
             self.in_flight_pods.stop()
+        self._reads.close()
         if self.task_queue is not None:
             for job in self._carry:  # hand unreached jobs back so the provider flushes them
                 self.task_queue.put(job)

@@ -86,6 +86,33 @@ class InFlightReads:
     def __init__(self) -> None:
         self._digest: tuple[int, int] | None = None
         self._live: frozenset[str] = frozenset()
+        self._asked: tuple[Any, Any, list] = (None, None, [])  # (the launches, the live set, outside)
+        self._held: Any = None  # (engine, connection) the loop keeps between its reads
+
+    def close(self) -> None:
+        """Give the held connection back to the engine's pool (at the executor's end)."""
+        held, self._held = self._held, None
+        if held is not None:
+            _release(held[1])
+
+    def _connection(self, engine: Any) -> Any:
+        """One connection kept for the loop's reads, in autocommit: a pool checkout per loop, with
+        Airflow's pre-ping, cost a third of an idle loop's read. Dropped on any error (the next
+        read checks a new one out, pre-pinged)."""
+        if self._held is not None and self._held[0] is not engine:
+            self.close()
+        if self._held is None:
+            conn = engine.connect()
+            conn.connection.dbapi_connection.autocommit = True
+            self._held = (engine, conn)
+        return self._held[1]
+
+    def _outside(self, flying: dict[str, LaunchIdentity]) -> list[LaunchIdentity]:
+        """The launches whose token the live set lacks: the same list while neither changed (an
+        idle loop with thousands of launches in flight does nothing per launch here)."""
+        if self._asked[0] is not flying or self._asked[1] is not self._live:  # kept, so never a reused id
+            self._asked = (flying, self._live, [launch for token, launch in flying.items() if token not in self._live])
+        return self._asked[2]
 
     def read(self, tasks: Iterable[TaskKey | None], launches: Probe | Iterable[LaunchIdentity] = NOTHING) -> Reading:
         """Rows of ``tasks``, and each launch of ``launches`` whose task's current row does not name
@@ -101,16 +128,22 @@ class InFlightReads:
         ROUND_TRIPS += 1
         if engine.dialect.name != "postgresql":
             return _read_portable_loop(engine, wanted, flying)
-        outside = [launch for token, launch in flying.items() if token not in self._live]
+        outside = self._outside(flying)
         digest = self._digest if flying else None
-        rows, changed, live = _read_postgresql_loop(engine, wanted, outside, digest, bool(flying))
-        if live is not None:  # the live set moved: launches it no longer holds are asked by key now
-            self._digest, self._live = live
-            asked = {launch.token for launch in outside}
-            late = [launch for token, launch in flying.items() if token not in self._live and token not in asked]
-            if late:
-                ROUND_TRIPS += 1
-                changed.update(_read_postgresql_loop(engine, set(), late, None, False)[1])
+        conn = self._connection(engine)
+        try:
+            rows, changed, live = _read_postgresql_loop(engine, wanted, outside, digest, bool(flying), conn)
+            if live is not None:  # the live set moved: launches it no longer holds are asked by key now
+                self._digest, self._live = live
+                asked = {launch.token for launch in outside}
+                late = [launch for token, launch in flying.items()
+                        if token not in self._live and token not in asked]
+                if late:
+                    ROUND_TRIPS += 1
+                    changed.update(_read_postgresql_loop(engine, set(), late, None, False, conn)[1])
+        except BaseException:
+            self.close()
+            raise
         return Reading(rows, changed)
 
 
@@ -124,7 +157,7 @@ def _read_portable_loop(engine: Any, wanted: set, flying: dict[str, LaunchIdenti
 
 
 def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[int, int] | None,
-                          live: bool) -> tuple[dict, dict, tuple | None]:
+                          live: bool, conn: Any = None) -> tuple[dict, dict, tuple | None]:
     """(rows of ``wanted``, changed launches of ``by_key``, the live set's (digest, tokens) when
     ``live`` is asked and its digest is not ``digest``; None when it did not move)."""
     parts = frozenset(part for part, present in (("o", wanted), ("k", by_key), ("d", live)) if present)
@@ -133,7 +166,7 @@ def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[
     for prefix, tasks in (("", wanted), ("key_", [launch.task for launch in by_key])):
         params.update(_key_params(tasks, prefix))
     rows, changed, moved = [], {}, None
-    for kind, token, *row in _execute(engine, _loop_statement(engine, parts), params) if parts else ():
+    for kind, token, *row in _execute(engine, _loop_statement(engine, parts), params, conn) if parts else ():
         if kind == "o":
             rows.append(row)
         elif kind == "d":  # (count, sum, the tokens when the digest moved)
@@ -144,26 +177,49 @@ def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[
     return _rows_of(rows, wanted), changed, moved
 
 
-def _execute(engine: Any, statement: str, params: dict) -> list:
-    # One statement needs no transaction: in autocommit psycopg2 sends no BEGIN and no ROLLBACK
-    # (2 round trips with the pool's pre-ping, not 4). The DBAPI flag is flipped directly, as
-    # SQLAlchemy's own pre-ping does: its isolation_level="AUTOCOMMIT" option would leave the
-    # pooled connection with an explicit READ COMMITTED level, after which psycopg2 sends
-    # "SET default_transaction_isolation" on every later autocommit switch, Airflow's included.
+def _execute(engine: Any, statement: str, params: dict, held: Any = None) -> list:
+    """Run one statement on ``held`` (a connection the caller keeps in autocommit) or on a pooled one.
+
+    One statement needs no transaction: in autocommit psycopg2 sends no BEGIN and no ROLLBACK. The
+    DBAPI flag is flipped directly, as SQLAlchemy's own pre-ping does: its
+    isolation_level="AUTOCOMMIT" option would leave the pooled connection with an explicit READ
+    COMMITTED level, after which psycopg2 sends "SET default_transaction_isolation" on every later
+    autocommit switch, Airflow's included. The driver's own cursor (client-side, whatever the
+    engine's stream_results says) and its tuples: SQLAlchemy's statement and row handling cost as
+    much as the idle loop's query.
+    """
+    if held is not None:
+        with held.connection.dbapi_connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.fetchall()
     with engine.connect() as conn:
         dbapi = conn.connection.dbapi_connection
         dbapi.autocommit = True
         try:
-            # A client-side cursor whatever the engine's options: with stream_results SQLAlchemy
-            # reads a row ahead, which the raw fetch below would miss (a task read as gone).
-            result = conn.exec_driver_sql(statement, params, execution_options={"stream_results": False})
-            try:
-                return result.cursor.fetchall()  # the driver's tuples: a Row per row cost more than the query
-            finally:
-                result.close()
+            with dbapi.cursor() as cursor:
+                cursor.execute(statement, params)
+                return cursor.fetchall()
         finally:
             if not dbapi.closed:
                 dbapi.autocommit = False
+
+
+def _release(conn: Any) -> None:
+    """A held connection back to the pool as Airflow's sessions expect it (transactional), or
+    invalidated when it broke."""
+    try:
+        dbapi = conn.connection.dbapi_connection
+        if dbapi is not None and not dbapi.closed:
+            dbapi.autocommit = False
+        else:
+            conn.invalidate()
+    except Exception:  # noqa: BLE001 - a connection that cannot even say so is dropped
+        try:
+            conn.invalidate()
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        conn.close()
 
 
 def _key_params(tasks: Iterable[TaskKey], prefix: str = "") -> dict[str, list]:
@@ -216,7 +272,9 @@ def _loop_statement(engine: Any, parts: frozenset) -> str:
     states = ", ".join(f"'{state}'" for state in LIVE_STATES)
     live = f"FROM {table} AS t WHERE t.{c['state']} IN ({states}) AND {token} IS NOT NULL"
     live += provider_compat.live_attempt("t")
-    digest = f"count(*) AS n, coalesce(sum(hashtextextended({token}, 0)::numeric), 0) AS s"
+    # A 32-bit hash summed exactly in a bigint: two different sets of the same size collide with a
+    # chance of about 2^-32 per change, which can only delay a delete to the next change.
+    digest = f"count(*) AS n, coalesce(sum(hashtext({token})::bigint), 0) AS s"
 
     def probe(alias: str) -> str:
         return f"LATERAL (SELECT {inner} FROM {table} AS t WHERE {by_key.format(w=alias)} LIMIT 1) AS ti"
@@ -232,7 +290,7 @@ def _loop_statement(engine: Any, parts: frozenset) -> str:
              f" LEFT JOIN {probe('k')} ON true"
              f" WHERE ti.id IS NULL OR ti.external_executor_id IS DISTINCT FROM k.token",
         "d": f"SELECT 'd', NULL, d.n::text, d.s::text, NULL::integer, NULL::integer,"
-             f" CASE WHEN d.n <> %(count)s OR d.s <> %(sum)s::numeric THEN"
+             f" CASE WHEN d.n <> %(count)s OR d.s <> %(sum)s::bigint THEN"
              f" (SELECT coalesce(string_agg({token}, ','), '') {live}) END,"
              f" NULL, NULL, NULL, NULL::integer, NULL, NULL FROM (SELECT {digest} {live}) AS d",
     }

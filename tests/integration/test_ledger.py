@@ -49,30 +49,38 @@ def test_postgresql_read_finds_what_the_portable_read_finds(metadata_db, airflow
 
 
 def test_postgresql_read_runs_without_a_transaction_and_returns_the_connection_as_it_found_it(metadata_db):
-    """Autocommit spares psycopg2's BEGIN and ROLLBACK round trips; the pooled connection must
-    go back to Airflow's sessions exactly as it was (transactional, default isolation level)."""
+    """Autocommit spares psycopg2's BEGIN and ROLLBACK round trips; a pooled connection must go back
+    to Airflow's sessions exactly as it was (transactional, default isolation level), and so must the
+    connection the loop's reader holds when it is closed."""
     from sqlalchemy import event
 
     from airflow import settings
 
+    from fenced_k8s_executor import ledger
+
     used = []
 
-    def on_statement(conn, cursor, statement, parameters, context, executemany):
-        used.append((cursor.connection, cursor.connection.autocommit))
+    def on_checkout(dbapi, record, proxy):
+        used.append(dbapi)
 
-    event.listen(settings.engine, "before_cursor_execute", on_statement)
+    event.listen(settings.engine.pool, "checkout", on_checkout)
     try:
         assert ledger.read_rows([("no_such_dag", "a", "no-such-run", -1)]) == {}
+        reads = ledger.InFlightReads()
+        assert reads.read([("no_such_dag", "a", "no-such-run", -1)]).rows == {}
+        held = reads._held[1].connection.dbapi_connection
+        assert held.autocommit is True  # kept in autocommit while held
+        assert held.get_transaction_status() == 0  # no transaction left open between reads
+        reads.close()
     finally:
-        event.remove(settings.engine, "before_cursor_execute", on_statement)
-
-    (dbapi_connection, autocommit), = used
-    assert autocommit is True
-    assert dbapi_connection.autocommit is False
-    assert dbapi_connection.get_transaction_status() == 0  # psycopg2 TRANSACTION_STATUS_IDLE
-    # The default level, as found: an explicit one makes psycopg2 send a SET on every later
-    # autocommit switch of this connection (the pool's pre-ping included).
-    assert dbapi_connection.isolation_level is None
+        event.remove(settings.engine.pool, "checkout", on_checkout)
+    assert len(used) == 2
+    for dbapi_connection in used:
+        assert dbapi_connection.autocommit is False
+        assert dbapi_connection.get_transaction_status() == 0  # psycopg2 TRANSACTION_STATUS_IDLE
+        # The default level, as found: an explicit one makes psycopg2 send a SET on every later
+        # autocommit switch of this connection (the pool's pre-ping included).
+        assert dbapi_connection.isolation_level is None
 
 
 def test_postgresql_read_misses_no_row_when_the_engine_streams_results(metadata_db, airflow):

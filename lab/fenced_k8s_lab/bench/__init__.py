@@ -126,6 +126,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             spreads["queue_time_cpu_ratio"] = r["cpu_spread"]
             spreads["queue_time_aa_ratio"] = r["aa_spread"]
             result["queue_time_placement"] = r["placement"]
+        lab.finish_queued()
         _checkpoint(args, backend, result, spreads, raw)
         if "precreate" in only:
             progress("pre-creation check")
@@ -135,6 +136,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["precreate_seconds_per_batch"] = r["seconds"]
             result["precreate_wall_ratio"] = r["wall_ratio"]
             spreads["precreate_wall_ratio"] = r["spread"]
+        lab.finish_queued()
         _checkpoint(args, backend, result, spreads, raw)
         if "launch" in only:
             progress("pod launch throughput")
@@ -146,6 +148,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["launch_build_pod_seconds"] = r["build_pod_seconds"]
             result["launch_trigger_seconds"] = r["trigger_seconds"]
             result["launch_statements_per_pod"] = r["statements_per_pod"]
+        lab.finish_queued()
         _checkpoint(args, backend, result, spreads, raw)
         if "state" in only:
             progress("state-change fence")
@@ -155,6 +158,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["state_change_fence_us_per_event"] = r["fence_us_per_event"]
             result["state_change_ratio"] = r["ratio"]
             spreads["state_change_ratio"] = r["spread"]
+        lab.finish_queued()
         _checkpoint(args, backend, result, spreads, raw)
         if "inflight" in only:
             progress("loop with launches in flight (per-loop reconcile)")
@@ -170,6 +174,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["inflight_explain"] = r["explain"]
             result["inflight_fit"] = {k: report.fit([int(n) for n in r["p50"]], [v[k] for v in r["p50"].values()])
                                       for k in ("stock", "fenced", "stock_b")}
+        lab.finish_queued()
         _checkpoint(args, backend, result, spreads, raw)
         if "loop" in only:
             progress("scheduler loop (in-process approximation)")
@@ -190,6 +195,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["sync_wire_round_trips_per_sync"] = r["wire_per_sync"]
             result["sync_api_calls_per_sync"] = r["api_calls_per_sync"]
             result["sync_api_verbs"] = r["api_verbs"]
+        lab.finish_queued()
         _checkpoint(args, backend, result, spreads, raw)
         for name, what, measure in (
                 ("orphans", "a dead scheduler's launches in flight (deployment-wide reconcile)", restarts.orphans),
@@ -205,6 +211,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
                 for q in ("p50", "p99"):
                     spreads[f"{name}_{mode}_{q}_ratio"] = figures["spread"][q]
                     spreads[f"{name}_{mode}_{q}_aa_ratio"] = figures["aa_spread"][q]
+            lab.finish_queued()
             _checkpoint(args, backend, result, spreads, raw)
         if "startup" in only:
             progress("scheduler start-up with many Pending pods in the namespace")
@@ -212,6 +219,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
             result["startup_seconds"] = r["seconds"]
             result["startup_known_at_start"] = r["known_at_start"]
             spreads["startup_ratio"] = r["spread"]
+        lab.finish_queued()
         _checkpoint(args, backend, result, spreads, raw)
         # The sweep last: on the real apiserver its ~150,000 pods stay in etcd (the emulator's are
         # cleared), and on both its ~100,000 running TIs stay in PostgreSQL.
@@ -236,6 +244,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
                                                             list(r["namespaces"]["seconds"].values()))
             if "schedulers" in r:
                 result["sweep_schedulers"] = _rows(r["schedulers"], ("seconds", "sweeps", "api_lists", "db_queries"))
+        lab.finish_queued()
         _checkpoint(args, backend, result, spreads, raw)
         result["ratio_spreads"] = spreads
         result["raw"] = raw

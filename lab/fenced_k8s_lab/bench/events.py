@@ -260,7 +260,7 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128, exp
     for n in sizes:
         execs = {}
         for kind in kinds:
-            ns = f"bench-inflight-{n}-{kind}"
+            ns = f"bench-inflight-{n}-{kind.replace('_', '-')}"
             ex = execs[kind] = lab.executor(kind.split("_")[0], namespace=ns, batch_size=batch_size)
             for ti in lab.queued_tis(n, ex.job_id, f"inflight_{kind}"):
                 ex.queue_workload(workload(ti, ex), session=None)
@@ -306,6 +306,7 @@ def in_flight(lab: Lab, sizes: list[int], syncs: int, batch_size: int = 128, exp
         for ex in execs.values():
             forget(ex)
             lab.end_executor(ex)
+        lab.finish_queued()  # the next size starts with no queued rows left behind
     return out
 
 
