@@ -144,19 +144,12 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
 
     def beat(self, slot: Slot) -> None:
         """The scheduler loop's heartbeat, written when due (every HEARTBEAT_SEC), as the loop's
-        ``perform_heartbeat(only_if_necessary=True)`` writes it. The heartbeat runs on the Job as
-        merged into the session: ``Job.heartbeat`` on a detached Job merges it, then sets the time
-        on the detached copy, so the lab driver's heartbeat stores the previous heartbeat's time."""
+        ``perform_heartbeat(only_if_necessary=True)`` writes it."""
         from airflow.utils import timezone
-        from airflow.utils.session import create_session
 
         job = slot.sched.job
-        if job.latest_heartbeat is not None and (timezone.utcnow() - job.latest_heartbeat).total_seconds() < job.heartrate:
-            return
-        with create_session() as session:
-            attached = session.merge(job)
-            attached.heartbeat(heartbeat_callback=slot.sched.runner.heartbeat_callback, session=session)
-            job.latest_heartbeat = attached.latest_heartbeat
+        if job.latest_heartbeat is None or (timezone.utcnow() - job.latest_heartbeat).total_seconds() >= job.heartrate:
+            heartbeat(slot.sched)
 
     def loop(self, slot: Slot) -> BaseException | None:
         """One scheduler loop's executor part: ``sync()``, then airflow-core's executor events."""
@@ -219,3 +212,13 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
                 self.stack.close()
 
 
+def heartbeat(sched: Any) -> None:
+    """Write ``sched``'s Job heartbeat now. It runs on the Job as merged into the session:
+    ``Job.heartbeat`` on a detached Job (the lab driver's) merges it, then sets the time on the
+    detached copy, so the driver's heartbeat stores the previous heartbeat's time."""
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        attached = session.merge(sched.job)
+        attached.heartbeat(heartbeat_callback=sched.runner.heartbeat_callback, session=session)
+        sched.job.latest_heartbeat = attached.latest_heartbeat
