@@ -27,8 +27,9 @@ from interleavings.machine import InterleavingMachine
 
 pytestmark = pytest.mark.integration
 
-#: The default run's seed: CI explores the same sequences every time.
-SEED = 36
+#: The default run's seed: CI explores the same sequences every time (this one, within the
+#: default budget, meets three of the known gaps; see docs/checker.md).
+SEED = 3636
 
 
 @pytest.fixture(scope="module")
@@ -67,17 +68,24 @@ def checker(machine_for):
                 **budget(), deadline=None, database=None, suppress_health_check=list(HealthCheck),
                 report_multiple_bugs=False, print_blob=True))
         finally:
-            print(f"\n{profile.kind} checker: {env.findings.summary()}")
+            summary = f"{profile.kind} checker: {env.findings.summary()}"
+            print("\n" + summary)  # shown with -s or -rP
+            env.findings.log(summary)
         return env
 
     return run
 
 
 def test_fenced_executor_keeps_its_promises(checker):
+    """Every promise holds, except the known gaps (recorded and printed, each with an xfail'd
+    regression test); any other broken promise fails with its shrunk sequence."""
     checker(Profile("fenced", expected=recorded_invariants(), waived=waived_gaps()))
 
 
 def test_stock_executor_breaks_the_fenced_promises(checker):
+    """The stock executor on the same steps: the promises it cannot keep are recorded; those it
+    keeps must hold. Within the default budget it must at least leave a superseded launch's
+    Pending pod behind (race d), or the checker cannot tell the two executors apart."""
     env = checker(Profile("stock", expected=recorded_invariants(STOCK_CANNOT)))
     broken = set(env.findings.by_invariant())
-    assert broken, "the stock executor kept every fenced promise: the checker cannot tell them apart"
+    assert "superseded_pending_lingers" in broken, f"stock kept the per-loop fence promise; broke only {broken}"

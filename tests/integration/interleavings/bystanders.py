@@ -17,7 +17,7 @@ import random
 import uuid
 from typing import Any
 
-from fenced_k8s_executor.launch import LaunchIdentity
+from fenced_k8s_executor.launch import LaunchIdentity, pod_name
 from fenced_k8s_executor.names import SCHEDULER_JOB_ANNOTATION
 
 from interleavings.model import Pod
@@ -60,7 +60,8 @@ def make_pod(machine: Any, origin: str, *, same_address: bool = False, same_dag:
     else:
         stamp = our_deployment()
         creator = str(machine.legacy_job())
-    launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1,
+    launch = LaunchIdentity(ti_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+                            token=str(uuid.UUID(int=rng.getrandbits(128), version=4)), try_number=1,
                             scheduler_job_id=creator, deployment=stamp)
     labels = {"kubernetes_executor": "True", "airflow-worker": creator, "dag_id": task[0], "task_id": task[1],
               "try_number": "1", "run_id": _label(task[2])}
@@ -73,7 +74,11 @@ def make_pod(machine: Any, origin: str, *, same_address: bool = False, same_dag:
             annotations["map_index"] = "1e3"
         else:
             annotations[SCHEDULER_JOB_ANNOTATION] = "sched-7"
-    name = f"{origin}-{rng.getrandbits(32):08x}"
+    # named as their executors name pods: a fenced one by its launch, a stock one at random
+    if origin == "tokenless":
+        name = f"{_dns(task[0])}-{_dns(task[1])}-{rng.getrandbits(32):08x}"
+    else:
+        name = pod_name(task[0], task[1], launch.token, 0)
     body = {"metadata": {"name": name, "labels": labels, "annotations": annotations},
             "spec": {"restartPolicy": "Never", "containers": [{"name": "base", "image": "x"}]}}
     world.kube.create_namespaced_pod(world.namespace, body)
@@ -86,6 +91,10 @@ def make_pod(machine: Any, origin: str, *, same_address: bool = False, same_dag:
               protected=not (origin == "malformed" and field_ != "map_index"))
     machine.pods[name] = pod
     return pod
+
+
+def _dns(value: str) -> str:
+    return value.lower().replace("_", "-")
 
 
 def _label(value: str) -> str:

@@ -28,6 +28,7 @@ from interleavings.quiesce import Quiescence
 from interleavings.steps import STEPS, TASKS, Steps
 
 VERBOSE = bool(os.environ.get("CHECKER_VERBOSE"))
+WEIGHTED = [name for name, (weight, _) in STEPS.items() for _ in range(weight)]
 #: A heartbeat is due every second; a peer is taken for gone after 3 s (airflow-core's orphan check)
 #: and its launches handed over after 2 s (the fenced grace: two heartbeats, capped by the threshold).
 HEARTBEAT_SEC, HEALTH_CHECK_THRESHOLD = "1", "3"
@@ -84,6 +85,7 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
         self.users: dict[str, Slot] = {}
         self.slot_watch: dict = {}
         self.sanctioned: set = set()  # (kube user, TI id): deletes this step's revoke makes
+        self.revoking: set = set()  # kube users whose stuck-in-queued handler ran this step
         self.launches, self.clock, self.burns = Launches(), Clock(), Burns()
         self.audit_at = 0
         self._legacy = None
@@ -178,9 +180,12 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
 
     @rule(data=st.data())
     def act(self, data):
-        """One applicable step, drawn by weight (``STEPS``); the step draws its own arguments."""
-        names = [n for n, (weight, applies) in STEPS.items() if applies(self) for _ in range(weight)]
-        name = data.draw(st.sampled_from(names), label="step")
+        """One step, drawn by weight (``STEPS``) from a fixed list so that a shrunk sequence keeps its
+        meaning; a step that does not apply now (no such pod, no live scheduler) does nothing. The
+        step draws its own arguments."""
+        name = data.draw(st.sampled_from(WEIGHTED), label="step")
+        if not STEPS[name][1](self):
+            return
         began = time.monotonic()
         try:
             getattr(self, name)(data)
@@ -210,6 +215,9 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
                 self.join_all()
             finally:
                 self.stack.close()
+                findings = self.env.findings
+                findings.log(f"example {self.example} done: {len(self.trace)} steps; run total "
+                             f"{findings.examples} examples, {findings.steps} steps, {len(findings.found)} findings")
 
 
 def heartbeat(sched: Any) -> None:

@@ -101,7 +101,7 @@ class Promises:
         self.check_superseded(rows)
         self.check_slots(rows)
         self.check_burns(rows)
-        self.sanctioned = set()
+        self.sanctioned, self.revoking = set(), set()
         return rows
 
     def judge_deletes(self) -> None:
@@ -116,7 +116,8 @@ class Promises:
             if slot is None or pod is None:
                 continue  # the kubelet's own final delete, or a pod made and deleted within one step
             if pod.bystander and pod.protected:
-                gap = "shared_deployment_id" if pod.collides else None
+                gap = ("shared_deployment_id" if pod.collides
+                       else "revoke_by_coordinates" if e.get("who") in self.revoking else None)
                 self.fail("bystander_deleted", f"{slot.name} deleted {pod.origin} pod {pod.name}", gap=gap,
                           key=("bystander", pod.name))
             elif not pod.bystander and (self.launches.current(pod.task, pod.launch) and pod.phase in LIVE_PHASES
@@ -193,13 +194,13 @@ class Promises:
                 watch.loops += 1
 
     def pending_gap(self, pod: Pod) -> str | None:
-        """Which of issue 35's gaps explains a lingering superseded Pending pod, if any."""
-        if pod.launch in self.launches.revoked:
-            return "revoked_then_forgotten"
+        """Which of issue 35's gaps explains a lingering superseded Pending pod of a live creator:
+        the creator looped and did not delete it (it stopped re-checking a pod that still exists),
+        or only its peers looped and they skip a live creator's pods."""
         creator = next((s for s in self.slots if str(s.sched.job_id) == pod.creator), None)
-        if creator is not None and creator.status == "live" and pod.own_loops < LOOPS:
-            return "live_creator_skipped"
-        return None
+        if creator is None or creator.status != "live":
+            return None
+        return "forgotten_in_flight" if pod.own_loops >= LOOPS else "live_creator_skipped"
 
     # ------------------------------------------------------------------ verdicts
 

@@ -19,6 +19,8 @@ from interleavings.model import TERMINAL
 QUIESCE_SECONDS = 60.0
 #: Rounds a Pending pod waits before the kubelet starts it.
 START_AFTER = 3
+#: Rounds per epoch (each at least WAIT seconds long): the verdicts count rounds, not seconds.
+EPOCH_ROUNDS = 6
 #: Rounds after which tasks still queued from before the phase are handed to stuck-in-queued.
 STUCK_AFTER = 10
 
@@ -54,7 +56,8 @@ class Quiescence:
                 for slot in self.live_slots():
                     self.scheduler_round(slot, rounds, began)
                 self.kubelet_round(ages)
-                if time.monotonic() - last_tick >= WAIT:
+                if rounds % EPOCH_ROUNDS == EPOCH_ROUNDS - 1:  # an epoch every few rounds, at least WAIT long
+                    time.sleep(max(0.0, WAIT - (time.monotonic() - last_tick)))
                     self.clock.epoch += 1
                     last_tick = time.monotonic()
                 rounds += 1

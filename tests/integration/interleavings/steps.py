@@ -28,21 +28,22 @@ def _live(m):
 
 
 #: step -> (weight, precondition)
-STEPS: dict[str, tuple[int, Any]] = {
+STEPS: dict[str, tuple[int, Any]] = {  # the first is where shrinking takes a step it cannot delete
+    "idle": (1, lambda m: True),
+    "heartbeat": (1, _live),
     "scheduler_loop": (6, _live),
-    "enqueue": (3, _live),
+    "enqueue": (2, _live),
     "trigger": (2, _live),
-    "sync": (5, _live),
-    "heartbeat": (2, _live),
+    "sync": (4, _live),
     "wait": (1, lambda m: True),
-    "clear": (1, lambda m: True),
-    "stuck_in_queued": (1, _live),
+    "clear": (2, lambda m: True),
+    "stuck_in_queued": (2, _live),
     "adopt_orphans": (1, _live),
-    "kubelet_starts": (2, lambda m: m.pods_where("Pending")),
-    "worker_runs": (2, lambda m: m.pods_where("Running", ran=None)),
-    "worker_finishes": (1, lambda m: m.pods_where("Running", ran="won")),
+    "kubelet_starts": (3, lambda m: m.pods_where("Pending")),
+    "worker_runs": (3, lambda m: m.pods_where("Running", ran=None)),
+    "worker_finishes": (2, lambda m: m.pods_where("Running", ran="won")),
     "kubelet_fails": (1, lambda m: m.pods_where(*LIVE)),
-    "api_fault": (1, _live),
+    "api_fault": (2, _live),
     "heal": (1, lambda m: any(s.faults for s in m.live_slots())),
     "watch_dropped": (1, _live),
     "slow_create_loop": (1, lambda m: [s for s in m.live_slots() if not s.busy]),
@@ -57,6 +58,9 @@ STEPS: dict[str, tuple[int, Any]] = {
 
 
 class Steps:
+    def idle(self, data):
+        """Nothing happens (what the shrinker turns a step into when it cannot delete it)."""
+
     # ------------------------------------------------------------------ the scheduler's loop
 
     def scheduler_loop(self, data):
@@ -124,6 +128,7 @@ class Steps:
         before = self.rows()
         mine = {t: r for t, r in before.items() if r.state == "queued" and r.queued_by == slot.sched.job_id}
         self.sanctioned |= {(slot.user, r.id) for r in mine.values()}
+        self.revoking.add(slot.user)
         self.core(slot, "stuck-in-queued", slot.sched.stuck_in_queued, timeout=timeout)
         after = self.rows()
         for task in mine:
@@ -244,7 +249,8 @@ class Steps:
         the client times out): it runs in the background while the next steps happen."""
         slot = self.pick(data, [s for s in self.live_slots() if not s.busy])
         lost = data.draw(st.booleans(), label="answer lost")
-        with self.step(f"{slot.name}: sync in the background, {'create stored, answer lost' if lost else 'create slow (1.5 s)'}"):
+        what = "create stored, answer lost" if lost else "create slow (1.5 s)"
+        with self.step(f"{slot.name}: sync in the background, {what}"):
             spec = dict(persist_then_timeout=True, hang_seconds=3.5) if lost else dict(delay=1.5)
             slot.transient["create"] = self.env.emulator.add_fault(method="POST", path=r"/pods$", times=1,
                                                                    who=slot.user, **spec)
@@ -278,7 +284,8 @@ class Steps:
     def scheduler_exits(self, data):
         slot = self.pick(data)
         how = data.draw(st.sampled_from(["end", "kill"]), label="how")
-        with self.step(f"{slot.name} {'stops (end(), Job success)' if how == 'end' else 'is killed (Job left running)'}"):
+        what = "stops (end(), Job success)" if how == "end" else "is killed (Job left running)"
+        with self.step(f"{slot.name} {what}"):
             self.join(slot)
             self.exit(slot, how)
 
