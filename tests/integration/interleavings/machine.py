@@ -1,0 +1,232 @@
+"""The state machine: each rule is one ordinary step of the real parts, in an order Hypothesis picks.
+
+Schedulers are slots A, B (and C): each slot holds one scheduler process at a time (a real
+SchedulerJob row, a SchedulerJobRunner and a started executor with its watcher processes). Every
+metadata change goes through airflow-core's own code (``fenced_k8s_lab.core``); the test plays the
+kubelet and the workers; faults are the emulator's, per scheduler (its kube user). After every
+step ``Promises.observe`` checks the promises; the example's teardown runs a quiescence phase
+(faults off, loops go on) in which every task must finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from interleavings.harness import Env
+from interleavings.kubelet import Kubelet, Worker
+from interleavings.model import Burns, Clock, Launches, Violation
+from interleavings.promises import Promises
+from interleavings.quiesce import Quiescence
+from interleavings.steps import STEPS, TASKS, Steps
+
+VERBOSE = bool(os.environ.get("CHECKER_VERBOSE"))
+WEIGHTED = [name for name, (weight, _) in STEPS.items() for _ in range(weight)]
+#: A heartbeat is due every second; a peer is taken for gone after 3 s (airflow-core's orphan check)
+#: and its launches handed over after 2 s (the fenced grace: two heartbeats, capped by the threshold).
+HEARTBEAT_SEC, HEALTH_CHECK_THRESHOLD = "1", "3"
+#: CHECKER_QUIESCE=0 skips the quiescence phase: shrinking a safety violation goes several times faster.
+QUIESCE = os.environ.get("CHECKER_QUIESCE", "1") != "0"
+
+
+@dataclass
+class Slot:
+    name: str
+    host: str
+    sched: Any = None
+    status: str = "live"  # live | stopped (end(), Job success) | killed (Job left running)
+    faults: dict = field(default_factory=dict)  # kind -> emulator fault id, until healed
+    transient: dict = field(default_factory=dict)  # kind -> fault id, until the next wait
+    thread: threading.Thread | None = None  # a loop running in the background (slow create)
+    outcome: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def _repr_pretty_(self, printer, cycle) -> None:  # how Hypothesis prints a drawn scheduler
+        printer.text(self.name)
+
+    @property
+    def busy(self) -> bool:
+        return self.thread is not None
+
+    @property
+    def user(self) -> str:
+        return self.sched.user
+
+    @property
+    def capable(self) -> bool:
+        return self.status == "live" and not self.faults and not self.transient
+
+
+class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
+    env: Env  # set on a subclass by the test
+    examples = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        env = self.env
+        type(self).examples += 1
+        self.example = type(self).examples
+        env.findings.examples += 1
+        self.stack = contextlib.ExitStack()
+        self.trace: list[str] = []
+        self.clean = True
+        self.recorded: set = set()
+        self.pods: dict = {}
+        self.slots: list[Slot] = []
+        self.users: dict[str, Slot] = {}
+        self.slot_watch: dict = {}
+        self.sanctioned: set = set()  # (kube user, TI id): deletes this step's revoke makes
+        self.revoking: set = set()  # kube users whose stuck-in-queued handler ran this step
+        self.launches, self.clock, self.burns = Launches(), Clock(), Burns()
+        self.audit_at = 0
+        self._legacy = None
+        try:
+            import pytest
+
+            mp = self.stack.enter_context(pytest.MonkeyPatch.context())
+            env.emulator.reset()
+            tmp = env.tmp_factory.mktemp("interleaving")
+            self.world = self.stack.enter_context(
+                env.open_world(env.emulator, env.metadata_db, env.airflow, tmp, mp, list(TASKS), {}))
+            mp.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC", HEARTBEAT_SEC)
+            mp.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", HEALTH_CHECK_THRESHOLD)
+            self.kubelet = Kubelet(self.world)
+            self.worker = Worker(env.run_client, env.airflow)
+            for name in "AB":
+                self.slots.append(self.start(Slot(name, host=f"host-{name.lower()}")))
+        except BaseException:
+            self.stack.close()
+            raise
+
+    # ------------------------------------------------------------------ plumbing
+
+    def start(self, slot: Slot) -> Slot:
+        slot.sched = self.world.scheduler(self.env.profile.kind, hostname=slot.host)
+        slot.status, slot.faults, slot.transient = "live", {}, {}
+        self.users[slot.sched.user] = slot
+        return slot
+
+    def live_slots(self) -> list[Slot]:
+        return [s for s in self.slots if s.status == "live"]
+
+    def pick(self, data: Any, slots: list[Slot] | None = None) -> Slot:
+        slots = self.live_slots() if slots is None else slots
+        return data.draw(st.sampled_from(slots), label="scheduler")
+
+    @contextlib.contextmanager
+    def step(self, text: str):
+        self.trace.append(text)
+        if VERBOSE:
+            print(f"CHECKER ex{self.example} step {len(self.trace)}: {text}", flush=True)
+        self.env.findings.steps += 1
+        self.clean = False
+        yield
+        self.clean = True
+
+    def join(self, slot: Slot) -> None:
+        if slot.thread is not None:
+            slot.thread.join(60)
+            slot.thread = None
+            error = slot.outcome.pop("error", None)
+            if error is not None:
+                self.fail("sync_raised", f"{slot.name}'s background sync raised {error!r}")
+
+    def join_all(self) -> None:
+        for slot in self.slots:
+            self.join(slot)
+
+    def beat(self, slot: Slot) -> None:
+        """The scheduler loop's heartbeat, written when due (every HEARTBEAT_SEC), as the loop's
+        ``perform_heartbeat(only_if_necessary=True)`` writes it."""
+        from airflow.utils import timezone
+
+        job = slot.sched.job
+        if job.latest_heartbeat is None or (timezone.utcnow() - job.latest_heartbeat).total_seconds() >= job.heartrate:
+            heartbeat(slot.sched)
+
+    def loop(self, slot: Slot) -> BaseException | None:
+        """One scheduler loop's executor part: ``sync()``, then airflow-core's executor events."""
+        try:
+            slot.sched.executor.sync()
+        except Exception as error:  # noqa: BLE001 - the promise is that nothing escapes
+            return error
+        self.core(slot, "process executor events", slot.sched.process_events)
+        return None
+
+    def core(self, slot: Slot, what: str, call, *args, **kwargs):
+        """airflow-core's own step for ``slot``; an exception through the executor hooks breaks a promise."""
+        try:
+            return call(*args, **kwargs)
+        except Violation:
+            raise
+        except Exception as error:  # noqa: BLE001
+            self.fail("step_raised", f"{slot.name}: {what} raised {error!r}", key=("step", slot.name, what))
+            return None
+
+    def pods_where(self, *phases: str, ran: Any = ..., ours: bool = True) -> list[str]:
+        return sorted(p.name for p in self.pods.values() if not p.gone and not p.deleting and p.phase in phases
+                      and (not ours or not p.bystander) and (ran is ... or p.ran == ran))
+
+    # ------------------------------------------------------------------ one step
+
+    @rule(data=st.data())
+    def act(self, data):
+        """One step, drawn by weight (``STEPS``) from a fixed list so that a shrunk sequence keeps its
+        meaning; a step that does not apply now (no such pod, no live scheduler) does nothing. The
+        step draws its own arguments."""
+        name = data.draw(st.sampled_from(WEIGHTED), label="step")
+        if not STEPS[name][1](self):
+            return
+        began = time.monotonic()
+        try:
+            getattr(self, name)(data)
+        finally:
+            self.env.findings.timed(name, time.monotonic() - began)
+
+    # ------------------------------------------------------------------ checks
+
+    @invariant()
+    def promises_hold(self):
+        self.clean = False
+        began = time.monotonic()
+        self.observe()
+        self.env.findings.timed("checks", time.monotonic() - began)
+        self.clean = True
+
+    def teardown(self):
+        try:
+            if self.clean and QUIESCE:
+                began = time.monotonic()
+                try:
+                    self.quiesce()
+                finally:
+                    self.env.findings.timed("quiescence", time.monotonic() - began)
+        finally:
+            try:
+                self.join_all()
+            finally:
+                self.stack.close()
+                findings = self.env.findings
+                findings.log(f"example {self.example} done: {len(self.trace)} steps; run total "
+                             f"{findings.examples} examples, {findings.steps} steps, {len(findings.found)} findings")
+
+
+def heartbeat(sched: Any) -> None:
+    """Write ``sched``'s Job heartbeat now. It runs on the Job as merged into the session:
+    ``Job.heartbeat`` on a detached Job (the lab driver's) merges it, then sets the time on the
+    detached copy, so the driver's heartbeat stores the previous heartbeat's time."""
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        attached = session.merge(sched.job)
+        attached.heartbeat(heartbeat_callback=sched.runner.heartbeat_callback, session=session)
+        sched.job.latest_heartbeat = attached.latest_heartbeat

@@ -1,0 +1,213 @@
+"""Sequences that break the fenced executor's promises, each replayed as an ordinary test: what
+the interleaving checker (``test_interleavings.py``) found on its own, minimised, and issue 35's
+sequences as the checker's replay (``interleavings.script``) confirmed them.
+
+Each one breaks a promise of ``docs/design.md`` that issue 35 names; they are marked
+``xfail(strict=True)`` until its fix lands: the mark, and the matching entry of
+``interleavings.harness.KNOWN_GAPS`` (which the checker's default run waives), are removed then.
+Every state change is airflow-core's own (the lab driver); faults are the emulator's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fenced_k8s_executor.names import TOKEN_ANNOTATION
+
+from interleavings.machine import heartbeat
+
+pytestmark = pytest.mark.integration
+
+
+def gap(item: str, why: str):
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"issue 35 {item}: {why}")
+
+
+@pytest.fixture
+def quick_heartbeats(monkeypatch):
+    """Heartbeats due every 0.3 s: with the harness's 1 s health-check threshold, a peer's
+    launches are handed over after 1 s without a heartbeat."""
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC", "0.3")
+
+
+def _pending(world, row) -> str:
+    """The one Pending pod of ``row``'s launch."""
+    (name,) = [p.metadata.name for p in world.live_pods(row)
+               if (p.metadata.annotations or {}).get(TOKEN_ANNOTATION) == row.token]
+    return name
+
+
+def _alive(world, name: str) -> bool:
+    return name in {p.metadata.name for p in world.live_pods()}
+
+
+@gap("item 1", "the in-flight reconcile forgets a Pending pod whose row is SCHEDULED under the same token")
+def test_pending_pod_forgotten_after_a_stuck_in_queued_reschedule(world, needs_emulator):
+    """Issue 35's sequence, replayed through the checker (``interleavings.script``) before it was
+    written here: A loops (pod P Pending); A's deletes answer 404; stuck in queued (the revoke's
+    delete is lost, the task goes back to SCHEDULED with the same id, try and token); the API
+    heals; A syncs once while SCHEDULED (P is dropped from the in-flight picture); A loops twice
+    (re-queued under a new token). The checker's own runs found the 404 variant below."""
+    a = world.scheduler("fenced")
+    world.queue(a)
+    a.executor.sync()
+    first = world.row("t1")
+    stale = _pending(world, first)
+    fault = world.backend.add_fault(method="DELETE", path=r"/pods/", status=404, who=a.user)
+    a.stuck_in_queued()
+    world.backend.clear_faults(fault)
+    assert world.row("t1").state == "scheduled" and _alive(world, stale)
+    a.executor.sync()  # one loop while the task is SCHEDULED
+    for _ in range(2):
+        world.queue(a)
+        a.executor.sync()
+    assert world.row("t1").token != first.token
+    assert not _alive(world, stale), "a superseded Pending pod outlived two loops of its own creator"
+
+
+@gap("items 1 and 3", "a delete answered 404 is taken as the pod gone: the creator stops re-checking it")
+def test_pending_pod_forgotten_after_its_delete_answered_404(world, needs_emulator):
+    """Checker sequence (long run, example 35, hand-minimised): A loops (pod P Pending); a user
+    clears the task; A's deletes answer 404 (a lost or raced delete: the pod stays); A loops (the
+    task is queued again, P is superseded, its delete answers 404); the API heals; A loops twice."""
+    a = world.scheduler("fenced")
+    world.queue(a)
+    a.executor.sync()
+    first = world.row("t1")
+    stale = _pending(world, first)
+    world.airflow.clear(first)
+    fault = world.backend.add_fault(method="DELETE", path=r"/pods/", status=404, who=a.user)
+    world.queue(a)
+    a.executor.sync()
+    world.backend.clear_faults(fault)
+    assert _alive(world, stale)
+    for _ in range(2):
+        world.queue(a)
+        a.executor.sync()
+    assert not _alive(world, stale), "a superseded Pending pod outlived two loops of its creator after one lost delete"
+
+
+@gap("item 3", "peers never re-check the Pending pods of a live creator whose API calls fail")
+def test_superseded_pending_pod_of_a_live_peer_whose_api_calls_fail(world, needs_emulator, quick_heartbeats):
+    """Checker finding (seed 7, gap ``live_creator_skipped``), hand-minimised: A loops (pod P
+    Pending); the API answers A with 503; a user clears the task; B queues it again and loops
+    while A goes on heartbeating, past the hand-over grace."""
+    a, b = world.scheduler("fenced"), world.scheduler("fenced")
+    world.queue(a)
+    a.executor.sync()
+    first = world.row("t1")
+    stale = _pending(world, first)
+    world.backend.add_fault(method="*", path=r"/pods", status=503, who=a.user)
+    world.airflow.clear(first)
+    world.queue(b)
+    deadline = time.monotonic() + 3.0  # three times the 1 s grace, A's heartbeat never older than 0.3 s
+    while time.monotonic() < deadline and _alive(world, stale):
+        heartbeat(a)
+        a.executor.sync()  # A loops too: its deletes fail
+        heartbeat(b)
+        b.executor.sync()
+        time.sleep(0.2)
+    assert world.row("t1").queued_by_job_id == b.job_id
+    assert not _alive(world, stale), "a live peer's superseded Pending pod outlived 3 s of B's loops"
+
+
+@gap("items 2 and 7", "no live scheduler looks at a stopped peer's superseded Running pod before its /run")
+def test_superseded_running_pod_is_fenced_before_run(world):
+    """Issue 35's sequence (the checker's ``running_never_fenced`` findings were pods it had
+    already found forgotten, then started by its kubelet): A loops (pod P); the kubelet starts P;
+    A stops (``end()``, Job success);
+    a user clears the task; B queues it again and loops twice. P is Running for a launch the row
+    no longer names and is not the pod the row names as running (no /run yet): issue 35 wants it
+    deleted within one loop. Its creator would have deleted it (it re-checks its own launches
+    until they report), but the peers watch Pending pods only."""
+    a, b = world.scheduler("fenced"), world.scheduler("fenced")
+    world.queue(a)
+    a.executor.sync()
+    first = world.row("t1")
+    stale = _pending(world, first)
+    world.set_pod_phase(stale, "Running")
+    world.settle(a.executor, 1.0)  # the watcher has seen it start
+    a.stop()
+    world.airflow.clear(first)
+    world.queue(b)
+    world.settle(b.executor, 2.0)  # B's loops, and a second for the watch to deliver
+    assert world.row("t1").token != first.token
+    assert not _alive(world, stale), "a stopped peer's superseded Running pod outlived 2 s of loops"
+
+
+@gap("item 4", "two deployments whose DB addresses read alike derive the same deployment id")
+def test_other_deployment_behind_the_same_address_keeps_its_pods(world):
+    """Checker finding (default seed; Hypothesis shrank it to: the pod appears, then a scheduler
+    whose job id is not the pod's creator loops): another deployment's Pending pod appears; its
+    scheduler reaches its own metadata DB through a proxy sidecar at the very address ours has
+    (other credentials), so its executor stamped the id ours derives; B loops. Its TI id is
+    unknown to our DB."""
+    import uuid
+
+    from airflow.configuration import conf
+    from sqlalchemy.engine import make_url
+
+    from fenced_k8s_lab.core import our_deployment
+
+    from interleavings.bystanders import their_deployment_id
+
+    b = world.scheduler("fenced")
+    theirs = make_url(conf.get("database", "sql_alchemy_conn")).set(password="theirs")
+    stamp = their_deployment_id(theirs.render_as_string(hide_password=False))
+    assert stamp == our_deployment()  # what the address-derived id gives them
+    from fenced_k8s_executor.launch import LaunchIdentity
+
+    launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1,
+                            scheduler_job_id="999999", deployment=stamp)  # their scheduler, unknown here
+    task = {"dag_id": "their_dag", "task_id": "t1", "run_id": "scheduled__2026-01-01T0000000000-a1b2c3",
+            "try_number": "1"}
+    body = {"metadata": {"name": "their-dag-t1-pod", "annotations": {**task, **launch.annotations()},
+                         "labels": {"kubernetes_executor": "True", "airflow-worker": "999999", **task,
+                                    **launch.labels()}},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "base", "image": "x"}]}}
+    world.kube.create_namespaced_pod(world.namespace, body)
+    world.settle(b.executor, 2.0)  # B's loops; its watch of this deployment's Pending pods sees the pod
+    assert _alive(world, "their-dag-t1-pod"), "our scheduler deleted another deployment's pod"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="found with the checker (issue 36): the fenced revoke first calls the provider's, which "
+                          "deletes a pod by DAG, task, run and airflow-worker job id, whatever its deployment stamp")
+def test_stuck_in_queued_revoke_never_deletes_another_deployments_pod(world):
+    """Another deployment (its own metadata DB, so its job ids overlap ours) runs the same DAG code
+    in the same namespace: a scheduled run has the same run id in both. Its pod for t1 carries our
+    scheduler's job id in ``airflow-worker``, its own deployment stamp, a TI id unknown here, and
+    was listed after ours. Our scheduler's stuck-in-queued handler revokes t1: the provider's
+    revoke (called first by ours) picks one pod by coordinates and job id, and takes theirs.
+    Checker steps: another deployment's Pending pod appears (its own address, our DAG and run);
+    A loops; A's stuck-in-queued handler."""
+    import uuid
+
+    from fenced_k8s_executor.launch import LaunchIdentity, pod_name
+
+    a = world.scheduler("fenced")
+    world.queue(a)
+    a.executor.sync()
+    row = world.row("t1")
+    ours = _pending(world, row)
+    token = "ffffffff-ffff-4fff-bfff-" + uuid.uuid4().hex[:12]  # their pod's name sorts after ours
+    launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=token, try_number=row.try_number,
+                            scheduler_job_id=str(a.job_id), deployment="their-deployment")
+    task = {"dag_id": row.dag_id, "task_id": "t1", "run_id": row.run_id, "try_number": str(row.try_number)}
+    labels = {**task, "run_id": _run_label(row.run_id), "kubernetes_executor": "True",
+              "airflow-worker": str(a.job_id), **launch.labels()}
+    theirs = pod_name(row.dag_id, "t1", token, 0)
+    world.kube.create_namespaced_pod(world.namespace, {
+        "metadata": {"name": theirs, "labels": labels, "annotations": {**task, **launch.annotations()}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "base", "image": "x"}]}})
+    a.stuck_in_queued()
+    assert world.row("t1").state == "scheduled"
+    assert _alive(world, theirs), "our revoke deleted another deployment's pod"
+
+
+def _run_label(run_id: str) -> str:
+    from airflow.providers.cncf.kubernetes.pod_generator import make_safe_label_value
+
+    return make_safe_label_value(run_id)

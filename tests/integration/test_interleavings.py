@@ -1,0 +1,91 @@
+"""Issue 36: a randomized interleaving checker over the integration world.
+
+Hypothesis picks short sequences of ordinary steps (queue, trigger, sync, heartbeats and waits,
+clears, stuck in queued, adoption, /run, pod phases, scheduler exits and restarts, API and DB
+faults, other pods in the namespace) and the machine (``interleavings``) checks the promises
+after every step, then lets every task finish. Failing sequences shrink to a minimal one.
+
+- ``test_fenced_executor_keeps_its_promises``: the default run (fixed seed, bounded budget),
+  issue 35's known gaps recorded rather than raised (``KNOWN_GAPS``; each has an xfail'd
+  regression test in ``test_interleaving_regressions.py``). ``CHECKER_GAPS=raise`` raises them too.
+- ``test_stock_executor_breaks_the_fenced_promises``: the same machine on the stock executor; the
+  promises it cannot keep (``STOCK_CANNOT``) are recorded and must show up, the others must hold.
+
+Long runs: ``CHECKER_EXAMPLES=5000 CHECKER_SEED=random`` (docs/checker.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, seed, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from interleavings.harness import STOCK_CANNOT, Env, Profile, budget, recorded_invariants, waived_gaps
+from interleavings.machine import InterleavingMachine
+
+pytestmark = pytest.mark.integration
+
+#: The default run's seed: CI explores the same sequences every time (this one, within the
+#: default budget, meets three of the known gaps; see docs/checker.md).
+SEED = 3636
+
+
+@pytest.fixture(scope="module")
+def run_client(metadata_db):
+    """The api-server app in process: the execution API behind real JWT auth, plus the root
+    middlewares of installed plugins (the fenced run gate), as ``airflow api-server`` serves them."""
+    from fastapi.testclient import TestClient
+
+    from airflow.api_fastapi.app import create_app
+
+    with TestClient(create_app(apps="core,execution")) as client:
+        yield client
+
+
+@pytest.fixture
+def machine_for(metadata_db, airflow, emulator_session, pg_server, run_client, tmp_path_factory, world_opener):
+    """A machine class for ``profile``: each instance is one example with its own world."""
+    def make(profile: Profile) -> type:
+        env = Env(profile, metadata_db, airflow, emulator_session, pg_server, run_client, tmp_path_factory,
+                  world_opener[0])
+        return type(f"{profile.kind.title()}Interleavings", (InterleavingMachine,), {"env": env, "examples": 0})
+
+    return make
+
+
+@pytest.fixture
+def checker(machine_for):
+    def run(profile: Profile) -> Env:
+        machine = machine_for(profile)
+        env = machine.env
+        chosen = os.environ.get("CHECKER_SEED", str(SEED))
+        if chosen != "random":
+            machine = seed(int(chosen))(machine)
+        try:
+            run_state_machine_as_test(machine, settings=settings(
+                **budget(), deadline=None, database=None, suppress_health_check=list(HealthCheck),
+                report_multiple_bugs=False, print_blob=True))
+        finally:
+            summary = f"{profile.kind} checker: {env.findings.summary()}"
+            print("\n" + summary)  # shown with -s or -rP
+            env.findings.log(summary)
+        return env
+
+    return run
+
+
+def test_fenced_executor_keeps_its_promises(checker):
+    """Every promise holds, except the known gaps (recorded and printed, each with an xfail'd
+    regression test); any other broken promise fails with its shrunk sequence."""
+    checker(Profile("fenced", expected=recorded_invariants(), waived=waived_gaps()))
+
+
+def test_stock_executor_breaks_the_fenced_promises(checker):
+    """The stock executor on the same steps: the promises it cannot keep are recorded; those it
+    keeps must hold. Within the default budget it must at least leave a superseded launch's
+    Pending pod behind (race d), or the checker cannot tell the two executors apart."""
+    env = checker(Profile("stock", expected=recorded_invariants(STOCK_CANNOT)))
+    broken = set(env.findings.by_invariant())
+    assert "superseded_pending_lingers" in broken, f"stock kept the per-loop fence promise; broke only {broken}"
