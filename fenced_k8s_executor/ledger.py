@@ -51,7 +51,7 @@ def read_rows(tasks: Iterable[TaskKey | None]) -> dict[TaskKey, TaskRow]:
 
     Raises on DB errors: callers treat an error as "no evidence", never as "gone".
     """
-    return InFlightReads().read(tasks).rows
+    return InFlightReads(hold=False).read(tasks).rows
 
 
 @dataclass(frozen=True)
@@ -83,26 +83,33 @@ class InFlightReads:
     """The loop's reads, remembering the live set between loops: its digest, its tokens, and which
     launches in flight were outside it (asked by task key)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: bool = True) -> None:
+        self._hold = hold  # keep one connection between reads (the loop's), or use the pool's (one-off reads)
         self._digest: tuple[int, int] | None = None
         self._live: frozenset[str] = frozenset()
         self._asked: tuple[Any, Any, list] = (None, None, [])  # (the launches, the live set, outside)
         self._held: Any = None  # (engine, connection) the loop keeps between its reads
 
     def close(self) -> None:
-        """Give the held connection back to the engine's pool (at the executor's end)."""
+        """Close the held connection (at the executor's end)."""
         held, self._held = self._held, None
         if held is not None:
             _release(held[1])
 
     def _connection(self, engine: Any) -> Any:
         """One connection kept for the loop's reads, in autocommit: a pool checkout per loop, with
-        Airflow's pre-ping, cost a third of an idle loop's read. Dropped on any error (the next
-        read checks a new one out, pre-pinged)."""
+        Airflow's pre-ping, cost a third of an idle loop's read. Detached from the pool, so that an
+        autocommit connection never goes back to it (an executor dropped without ``end()`` would
+        hand Airflow's sessions a connection whose transactions end at each statement: their
+        transaction-scoped advisory locks with them). Closed on any error (the next read opens a
+        new one, pre-pinged)."""
+        if not self._hold:
+            return None
         if self._held is not None and self._held[0] is not engine:
             self.close()
         if self._held is None:
             conn = engine.connect()
+            conn.detach()
             conn.connection.dbapi_connection.autocommit = True
             self._held = (engine, conn)
         return self._held[1]
@@ -205,21 +212,11 @@ def _execute(engine: Any, statement: str, params: dict, held: Any = None) -> lis
 
 
 def _release(conn: Any) -> None:
-    """A held connection back to the pool as Airflow's sessions expect it (transactional), or
-    invalidated when it broke."""
+    """Close a held (detached) connection: its DBAPI connection closes with it."""
     try:
-        dbapi = conn.connection.dbapi_connection
-        if dbapi is not None and not dbapi.closed:
-            dbapi.autocommit = False
-        else:
-            conn.invalidate()
-    except Exception:  # noqa: BLE001 - a connection that cannot even say so is dropped
-        try:
-            conn.invalidate()
-        except Exception:  # noqa: BLE001
-            pass
-    finally:
         conn.close()
+    except Exception:  # noqa: BLE001 - a broken connection is gone either way
+        pass
 
 
 def _key_params(tasks: Iterable[TaskKey], prefix: str = "") -> dict[str, list]:

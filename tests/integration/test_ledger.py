@@ -50,20 +50,21 @@ def test_postgresql_read_finds_what_the_portable_read_finds(metadata_db, airflow
 
 def test_postgresql_read_runs_without_a_transaction_and_returns_the_connection_as_it_found_it(metadata_db):
     """Autocommit spares psycopg2's BEGIN and ROLLBACK round trips; a pooled connection must go back
-    to Airflow's sessions exactly as it was (transactional, default isolation level), and so must the
-    connection the loop's reader holds when it is closed."""
+    to Airflow's sessions exactly as it was (transactional, default isolation level); the connection
+    the loop's reader holds is its own, closed with it."""
     from sqlalchemy import event
 
     from airflow import settings
 
     from fenced_k8s_executor import ledger
 
-    used = []
+    returned = []  # each connection as it went back to the pool
 
-    def on_checkout(dbapi, record, proxy):
-        used.append(dbapi)
+    def on_checkin(dbapi, record):
+        if dbapi is not None:
+            returned.append((dbapi.autocommit, dbapi.get_transaction_status(), dbapi.isolation_level))
 
-    event.listen(settings.engine.pool, "checkout", on_checkout)
+    event.listen(settings.engine.pool, "checkin", on_checkin)
     try:
         assert ledger.read_rows([("no_such_dag", "a", "no-such-run", -1)]) == {}
         reads = ledger.InFlightReads()
@@ -73,14 +74,46 @@ def test_postgresql_read_runs_without_a_transaction_and_returns_the_connection_a
         assert held.get_transaction_status() == 0  # no transaction left open between reads
         reads.close()
     finally:
-        event.remove(settings.engine.pool, "checkout", on_checkout)
-    assert len(used) == 2
-    for dbapi_connection in used:
-        assert dbapi_connection.autocommit is False
-        assert dbapi_connection.get_transaction_status() == 0  # psycopg2 TRANSACTION_STATUS_IDLE
-        # The default level, as found: an explicit one makes psycopg2 send a SET on every later
-        # autocommit switch of this connection (the pool's pre-ping included).
-        assert dbapi_connection.isolation_level is None
+        event.remove(settings.engine.pool, "checkin", on_checkin)
+    assert held.closed  # the reader's own connection, detached from the pool: closed, never handed back
+    # The one-off read's pooled connection, as found: transactional, idle (psycopg2's
+    # TRANSACTION_STATUS_IDLE), the default level (an explicit one makes psycopg2 send a SET on
+    # every later autocommit switch, the pool's pre-ping included).
+    assert returned == [(False, 0, None)]
+
+
+def test_reader_dropped_without_end_leaves_no_autocommit_connection_in_the_pool(metadata_db):
+    """An executor dropped without ``end()`` (a test's, or one a crash left behind) must not hand
+    Airflow's sessions its reader's autocommit connection: a transaction-scoped advisory lock
+    taken on it (the sweep's) would end with its statement, and so would the row locks of the
+    scheduler's critical section. Nor may one-off reads. Found in the matrix: a sweep took the lock
+    its peer held."""
+    import gc
+
+    from sqlalchemy import text
+
+    from airflow import settings
+
+    from fenced_k8s_executor import ledger
+
+    pool = settings.engine.pool
+    reads = ledger.InFlightReads()
+    reads.read([("no_such_dag", "a", "no-such-run", -1)])
+    held = reads._held[1].connection.dbapi_connection
+    del reads
+    for _ in range(3):  # one-off reads (the sweep's, the pre-create check's) use the pool's connections
+        ledger.read_rows([("no_such_dag", "a", "no-such-run", -1)])
+    gc.collect()
+
+    sessions = [settings.Session.session_factory() for _ in range(pool.size() + 1)]
+    try:
+        for session in sessions:  # every pooled connection, the one the reader held among them if it went back
+            session.execute(text("SELECT 1"))
+            dbapi = session.connection().connection.dbapi_connection
+            assert dbapi is not held and dbapi.autocommit is False
+    finally:
+        for session in sessions:
+            session.close()
 
 
 def test_postgresql_read_misses_no_row_when_the_engine_streams_results(metadata_db, airflow):
