@@ -59,6 +59,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         # validated in start(), where a bad value must stop the scheduler.
         self.fence: config.FencedConfig | None = None
         self.deployment: str | None = None
+        self._stamps_of_ours: frozenset[str] = frozenset()  # deployment ids our pods carry (verdicts.foreign)
         self.sweeper: Sweeper | None = None
         self.in_flight_pods: InFlightPods | None = None  # this deployment's unfinished pods, any scheduler's
         self.book = LaunchBook()  # every launch this scheduler has in flight, and its pods
@@ -110,6 +111,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
                         error)
             metrics.incr("deployment.unresolved")
             return None
+        self._stamps_of_ours = frozenset(filter(None, (found.id, found.address_id)))
         if found.address_id and found.address_id != found.id:
             log.info("fenced_k8s_executor deployment=%s (%s); pods stamped %s by builds before 0.2.0 (the DB address) "
                      "are not this id's and are never deleted by a fence", found.id, found.source, found.address_id)

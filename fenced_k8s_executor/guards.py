@@ -24,7 +24,8 @@ from kubernetes.client.rest import ApiException
 
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import TRANSIENT_CONNECTION_ERRORS
 
-from fenced_k8s_executor import metrics
+from fenced_k8s_executor import metrics, verdicts
+from fenced_k8s_executor.launch import from_pod_metadata
 
 log = logging.getLogger("fenced_k8s_executor")
 
@@ -113,8 +114,9 @@ def retry_transient(executor: Any, stock: Callable[[Any, Exception], bool], task
 
 
 class ApiGuard:
-    """Executor mixin (first in the bases): what API errors postpone, kept for the next loop, and
-    the two provider calls no fence overrides, guarded. The hooks a fence overrides call the
+    """Executor mixin (first in the bases): what API errors postpone, kept for the next loop, the
+    provider calls no fence overrides, guarded, and the provider's pod listings without other
+    deployments' pods. The hooks a fence overrides call the
     guard themselves (guard, fence, stock, in that order, in one override each)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -156,6 +158,24 @@ class ApiGuard:
                 raise
             report("adopt_completed_pods", error)
             self._last_completed_pod_adoption = float("-inf")  # due again on the next loop
+
+    def _list_pods(self, query_kwargs: dict) -> list:
+        """Stock's listing, less the pods another deployment stamped (``verdicts.foreign``): the
+        provider's revoke picks one pod by DAG, task, run and this scheduler's job id, and its
+        adoption relabels pods by a dead scheduler's job id; in a shared namespace both can match
+        another deployment's pods."""
+        found = super()._list_pods(query_kwargs)
+        kept = []
+        for pod in found:
+            launch = from_pod_metadata(pod.metadata.annotations)
+            if not verdicts.foreign(launch, self._stamps_of_ours):
+                kept.append(pod)
+                continue
+            metrics.decision("pod.foreign", path="provider_list", reason="other_deployment", enforced=self._enforcing,
+                             pod=f"{pod.metadata.namespace}/{pod.metadata.name}", deployment=launch.deployment)
+            if not self._enforcing:
+                kept.append(pod)
+        return kept
 
     def get_pod_combined_search_str_to_pod_map(self) -> dict:
         try:

@@ -49,6 +49,15 @@ def owned(launch: LaunchIdentity | None, deployment: str | None) -> bool:
     return bool(launch is not None and deployment and launch.deployment == deployment)
 
 
+def foreign(launch: LaunchIdentity | None, ours: frozenset[str]) -> bool:
+    """True when the pod says another deployment launched it. The provider finds pods by labels
+    another deployment's pods can share in one namespace (DAG, task, run, a scheduler job id from
+    its own DB), so its revoke and adoption must not see them. Tokenless pods, our stamps (today's
+    id and the DB-address id of builds before 0.2.0) and anything while no id of ours is known
+    are not foreign."""
+    return bool(launch is not None and launch.deployment and ours and launch.deployment not in ours)
+
+
 class Reason(str, enum.Enum):
     CURRENT = "current"
     SUPERSEDED = "superseded"
