@@ -171,6 +171,11 @@ class InFlightFence:
             if deleted:
                 metrics.decision("pod.deleted", path="reconcile", reason=verdict.reason.value, enforced=True,
                                  **self._fields(f, row))
+            elif deleted is False:
+                # 404 or 409: the answer says gone, but only the watch shows it. A pod that left is
+                # dropped from the view (and its slot freed by _release_gone); one still listed, its
+                # delete answered by a webhook or a proxy, is offered again next loop.
+                return
         if deleted is None:
             return  # API error: no evidence the pod is gone, re-check next loop
         self._settle(f)
