@@ -2,10 +2,11 @@
 the interleaving checker (``test_interleavings.py``) found on its own, minimised, and issue 35's
 sequences as the checker's replay (``interleavings.script``) confirmed them.
 
-Each one breaks a promise of ``docs/design.md`` that issue 35 names; they are marked
-``xfail(strict=True)`` until its fix lands: the mark, and the matching entry of
-``interleavings.harness.KNOWN_GAPS`` (which the checker's default run waives), are removed then.
-Every state change is airflow-core's own (the lab driver); faults are the emulator's.
+Each one broke a promise of ``docs/design.md`` on the code before issue 35's fixes (each failed
+there; ``interleavings.harness.GAPS`` names them). A finding that cannot be fixed at once is
+marked ``xfail(strict=True)`` here and entered in ``harness.KNOWN_GAPS`` (which the checker's
+default run records instead of raising). Every state change is airflow-core's own (the lab
+driver); faults are the emulator's.
 """
 
 from __future__ import annotations
@@ -19,10 +20,6 @@ from fenced_k8s_executor.names import TOKEN_ANNOTATION
 from interleavings.machine import heartbeat
 
 pytestmark = pytest.mark.integration
-
-
-def gap(item: str, why: str):
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"issue 35 {item}: {why}")
 
 
 @pytest.fixture
@@ -43,7 +40,6 @@ def _alive(world, name: str) -> bool:
     return name in {p.metadata.name for p in world.live_pods()}
 
 
-@gap("item 1", "the in-flight reconcile forgets a Pending pod whose row is SCHEDULED under the same token")
 def test_pending_pod_forgotten_after_a_stuck_in_queued_reschedule(world, needs_emulator):
     """Issue 35's sequence, replayed through the checker (``interleavings.script``) before it was
     written here: A loops (pod P Pending); A's deletes answer 404; stuck in queued (the revoke's
@@ -67,7 +63,6 @@ def test_pending_pod_forgotten_after_a_stuck_in_queued_reschedule(world, needs_e
     assert not _alive(world, stale), "a superseded Pending pod outlived two loops of its own creator"
 
 
-@gap("items 1 and 3", "a delete answered 404 is taken as the pod gone: the creator stops re-checking it")
 def test_pending_pod_forgotten_after_its_delete_answered_404(world, needs_emulator):
     """Checker sequence (long run, example 35, hand-minimised): A loops (pod P Pending); a user
     clears the task; A's deletes answer 404 (a lost or raced delete: the pod stays); A loops (the
@@ -89,7 +84,6 @@ def test_pending_pod_forgotten_after_its_delete_answered_404(world, needs_emulat
     assert not _alive(world, stale), "a superseded Pending pod outlived two loops of its creator after one lost delete"
 
 
-@gap("item 3", "peers never re-check the Pending pods of a live creator whose API calls fail")
 def test_superseded_pending_pod_of_a_live_peer_whose_api_calls_fail(world, needs_emulator, quick_heartbeats):
     """Checker finding (seed 7, gap ``live_creator_skipped``), hand-minimised: A loops (pod P
     Pending); the API answers A with 503; a user clears the task; B queues it again and loops
@@ -113,7 +107,6 @@ def test_superseded_pending_pod_of_a_live_peer_whose_api_calls_fail(world, needs
     assert not _alive(world, stale), "a live peer's superseded Pending pod outlived 3 s of B's loops"
 
 
-@gap("items 2 and 7", "no live scheduler looks at a stopped peer's superseded Running pod before its /run")
 def test_superseded_running_pod_is_fenced_before_run(world):
     """Issue 35's sequence (the checker's ``running_never_fenced`` findings were pods it had
     already found forgotten, then started by its kubelet): A loops (pod P); the kubelet starts P;
@@ -137,13 +130,13 @@ def test_superseded_running_pod_is_fenced_before_run(world):
     assert not _alive(world, stale), "a stopped peer's superseded Running pod outlived 2 s of loops"
 
 
-@gap("item 4", "two deployments whose DB addresses read alike derive the same deployment id")
 def test_other_deployment_behind_the_same_address_keeps_its_pods(world):
     """Checker finding (default seed; Hypothesis shrank it to: the pod appears, then a scheduler
     whose job id is not the pod's creator loops): another deployment's Pending pod appears; its
     scheduler reaches its own metadata DB through a proxy sidecar at the very address ours has
-    (other credentials), so its executor stamped the id ours derives; B loops. Its TI id is
-    unknown to our DB."""
+    (other credentials); B loops. Its TI id is unknown to our DB. Builds before 0.2.0 stamped
+    both deployments' pods with the one id the address gave; the id now comes from each DB's
+    identity (test_deployments derives both from two real servers behind one address)."""
     import uuid
 
     from airflow.configuration import conf
@@ -155,8 +148,8 @@ def test_other_deployment_behind_the_same_address_keeps_its_pods(world):
 
     b = world.scheduler("fenced")
     theirs = make_url(conf.get("database", "sql_alchemy_conn")).set(password="theirs")
-    stamp = their_deployment_id(theirs.render_as_string(hide_password=False))
-    assert stamp == our_deployment()  # what the address-derived id gives them
+    stamp = their_deployment_id(theirs.render_as_string(hide_password=False), "7312345678901234567")
+    assert stamp != our_deployment()  # builds before 0.2.0 derived one id from the address for both
     from fenced_k8s_executor.launch import LaunchIdentity
 
     launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1,
@@ -172,9 +165,6 @@ def test_other_deployment_behind_the_same_address_keeps_its_pods(world):
     assert _alive(world, "their-dag-t1-pod"), "our scheduler deleted another deployment's pod"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="found with the checker (issue 36): the fenced revoke first calls the provider's, which "
-                          "deletes a pod by DAG, task, run and airflow-worker job id, whatever its deployment stamp")
 def test_stuck_in_queued_revoke_never_deletes_another_deployments_pod(world):
     """Another deployment (its own metadata DB, so its job ids overlap ours) runs the same DAG code
     in the same namespace: a scheduled run has the same run id in both. Its pod for t1 carries our

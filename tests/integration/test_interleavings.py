@@ -6,7 +6,7 @@ faults, other pods in the namespace) and the machine (``interleavings``) checks 
 after every step, then lets every task finish. Failing sequences shrink to a minimal one.
 
 - ``test_fenced_executor_keeps_its_promises``: the default run (fixed seed, bounded budget),
-  issue 35's known gaps recorded rather than raised (``KNOWN_GAPS``; each has an xfail'd
+  the known gaps recorded rather than raised (``KNOWN_GAPS``, none today; each would have an xfail'd
   regression test in ``test_interleaving_regressions.py``). ``CHECKER_GAPS=raise`` raises them too.
 - ``test_stock_executor_breaks_the_fenced_promises``: the same machine on the stock executor; the
   promises it cannot keep (``STOCK_CANNOT``) are recorded and must show up, the others must hold.

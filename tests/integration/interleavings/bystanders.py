@@ -3,16 +3,15 @@ of this deployment whose annotations do not parse. None of them may be deleted, 
 whose scheduler-job-id does not parse: it still names a task of ours and a launch that is not
 the task's current one, so the design lets any fence delete it.
 
-Another deployment's pod carries the stamp its own executor derives from its own metadata DB
-address, computed here by the package's own derivation: an address of its own, or the very
-address ours has (its DB reached through a proxy sidecar at the same ``127.0.0.1:port/name``,
-issue 35 item 4). Its TI id is unknown to our DB; its task key is either its own DAG's or the
+Another deployment's pod carries the stamp its own executor derives from its own metadata DB's
+identity (``deployment.identity_id``: another server, so another system identifier), whether it
+reaches that DB at an address of its own or at the very address ours has (a proxy sidecar at the
+same ``127.0.0.1:port/name``, issue 35 item 4). Its TI id is unknown to our DB; its task key is either its own DAG's or the
 same as ours (the same DAG code deployed twice, a scheduled run id both share).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 import uuid
 from typing import Any
@@ -23,14 +22,15 @@ from fenced_k8s_executor.names import SCHEDULER_JOB_ANNOTATION
 from interleavings.model import Pod
 
 
-def their_deployment_id(url: str) -> str:
-    """The id another deployment's executor derives from ``url`` (its metadata DB address)."""
-    from fenced_k8s_executor import config
+def their_deployment_id(url: str, server: str) -> str:
+    """The id another deployment's executor derives when ``url`` reaches its metadata DB on the
+    PostgreSQL server whose system identifier is ``server``: the address plays no part."""
+    from sqlalchemy.engine import make_url
 
-    try:
-        return config.derive_deployment_id(url)
-    except Exception:  # noqa: BLE001 - a derivation that refuses this address: the operator sets one
-        return "other-" + hashlib.sha256(url.encode()).hexdigest()[:12]
+    from fenced_k8s_executor import deployment
+
+    url = make_url(url)
+    return deployment.identity_id(url.get_backend_name(), server, url.database or "", None)
 
 
 def our_url(machine: Any) -> Any:
@@ -52,7 +52,7 @@ def make_pod(machine: Any, origin: str, *, same_address: bool = False, same_dag:
     if origin == "foreign":
         url = our_url(machine)
         url = url.set(password="theirs") if same_address else url.set(host="their-db.internal", port=5432)
-        stamp = their_deployment_id(url.render_as_string(hide_password=False))
+        stamp = their_deployment_id(url.render_as_string(hide_password=False), str(rng.getrandbits(63)))
         collides = stamp == our_deployment()
         if not same_dag:
             task = "their_dag", "t1", "scheduled__2026-01-01T00:00:00+00:00"
