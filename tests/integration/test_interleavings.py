@@ -27,9 +27,10 @@ from interleavings.machine import InterleavingMachine
 
 pytestmark = pytest.mark.integration
 
-#: The default run's seed: CI explores the same sequences every time (this one, within the
-#: default budget, meets three of the known gaps; see docs/checker.md).
-SEED = 3636
+#: The default run's seed: CI explores the same sequences every time. Within the default
+#: budget this one shows stock leaving superseded Pending and Running pods and one winning /run
+#: (seeds 3636, 1 and 36 showed stock breaking only its error-handling promises; docs/checker.md).
+SEED = 7
 
 
 @pytest.fixture(scope="module")
