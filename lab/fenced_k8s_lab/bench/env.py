@@ -97,7 +97,8 @@ def fmt_spread(sp: dict) -> str:
 class RoundTrips:
     """SQLAlchemy event listeners on Airflow's engine: what really goes over the wire.
 
-    ``statements`` are cursor executes (before_cursor_execute); psycopg2 also sends BEGIN before a
+    ``statements`` are cursor executes (before_cursor_execute), plus the fenced reads' own
+    (``ledger.ROUND_TRIPS``: they use raw psycopg2 cursors); psycopg2 also sends BEGIN before a
     transaction's first statement and COMMIT/ROLLBACK at its end (none in autocommit), and with
     ``pool_pre_ping`` every pool checkout pings the server (SELECT 1, not seen by cursor events).
     Statements psycopg2 sends on its own (``SET default_transaction_isolation`` when a
@@ -144,10 +145,18 @@ class RoundTrips:
             self.texts.append(statement.split("\n", 1)[0][:120])
 
     def snapshot(self) -> dict:
-        return dict(self.counts)
+        from fenced_k8s_executor import ledger
+
+        return {**self.counts, "raw": ledger.ROUND_TRIPS}
 
     def since(self, before: dict) -> dict:
+        """Counts since ``before``. The fenced reads run on psycopg2 cursors of their own, which
+        SQLAlchemy's events never see: their statements are the ledger's own count."""
+        from fenced_k8s_executor import ledger
+
         d = {k: self.counts[k] - before[k] for k in self.counts}
+        d["raw"] = ledger.ROUND_TRIPS - before["raw"]
+        d["statements"] += d["raw"]
         d["wire"] = d["statements"] + d["begin"] + d["commit"] + d["rollback"] + (d["checkout"] if self.pre_ping else 0)
         return d
 
