@@ -27,11 +27,19 @@ PostgreSQL the statements are constant, with array parameters handed to the driv
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from fenced_k8s_executor import provider_compat
 from fenced_k8s_executor.launch import LaunchIdentity, TaskKey, TaskRow, task_key
+
+log = logging.getLogger("fenced_k8s_executor")
+
+#: An idle loop's statement: the live set's digest alone.
+DIGEST_ONLY = frozenset("d")
+#: Its name when prepared on the reader's own connection.
+PREPARED_DIGEST = "fenced_k8s_executor_digest"
 
 #: Round trips made by this process (read by the benchmark; cheap to keep).
 ROUND_TRIPS = 0
@@ -89,10 +97,12 @@ class InFlightReads:
         self._live: frozenset[str] = frozenset()
         self._asked: tuple[Any, Any, list] = (None, None, [])  # (the launches, the live set, outside)
         self._held: Any = None  # (engine, connection) the loop keeps between its reads
+        self._prepare = hold  # prepare the idle loop's statement on the held connection (off once refused)
+        self._prepared = False  # prepared on the connection held now
 
     def close(self) -> None:
         """Close the held connection (at the executor's end)."""
-        held, self._held = self._held, None
+        held, self._held, self._prepared = self._held, None, False
         if held is not None:
             _release(held[1])
 
@@ -139,7 +149,8 @@ class InFlightReads:
         digest = self._digest if flying else None
         conn = self._connection(engine)
         try:
-            rows, changed, live = _read_postgresql_loop(engine, wanted, outside, digest, bool(flying), conn)
+            rows, changed, live = _read_postgresql_loop(engine, wanted, outside, digest, bool(flying), conn,
+                                                        self._run_digest if conn is not None else None)
             if live is not None:  # the live set moved: launches it no longer holds are asked by key now
                 self._digest, self._live = live
                 asked = {launch.token for launch in outside}
@@ -154,6 +165,35 @@ class InFlightReads:
         return Reading(rows, changed)
 
 
+    def _run_digest(self, engine: Any, conn: Any, statement: str, params: dict) -> list:
+        """The idle loop's statement, prepared once per held connection: planning it cost more than
+        running it (``EXPLAIN ANALYZE`` at 1,000 launches: 1.6-2.1 ms planning, 1.4 ms executing).
+        A pooler that does not keep a session's prepared statements (pgbouncer in transaction
+        mode) refuses it: from then on it is sent unprepared, as every other statement is."""
+        global ROUND_TRIPS
+        if self._prepare:
+            import psycopg2
+
+            try:
+                with conn.connection.dbapi_connection.cursor() as cursor:
+                    if not self._prepared:
+                        ROUND_TRIPS += 1
+                        cursor.execute(f"PREPARE {PREPARED_DIGEST}(bigint, text) AS "
+                                       + statement.replace("%(count)s", "$1").replace("%(sum)s", "$2"))
+                        self._prepared = True
+                    cursor.execute(f"EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
+                    return cursor.fetchall()
+            except psycopg2.Error as error:
+                # 26000: no such prepared statement; 42P05: already prepared (a pooler's server connection)
+                if error.pgcode not in ("26000", "42P05"):
+                    raise
+                self._prepare = False
+                log.warning("fenced_k8s_executor the metadata DB's connection does not keep prepared statements "
+                            "(a pooler in transaction mode?): the loop's statement is planned every loop (%s)",
+                            error.pgcode)
+        return _execute(engine, statement, params, conn)
+
+
 def _read_portable_loop(engine: Any, wanted: set, flying: dict[str, LaunchIdentity]) -> Reading:
     """Elsewhere than PostgreSQL: every row read by task and compared here."""
     tasks = wanted | {launch.task for launch in flying.values()}
@@ -164,16 +204,23 @@ def _read_portable_loop(engine: Any, wanted: set, flying: dict[str, LaunchIdenti
 
 
 def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[int, int] | None,
-                          live: bool, conn: Any = None) -> tuple[dict, dict, tuple | None]:
+                          live: bool, conn: Any = None, run_digest: Any = None) -> tuple[dict, dict, tuple | None]:
     """(rows of ``wanted``, changed launches of ``by_key``, the live set's (digest, tokens) when
-    ``live`` is asked and its digest is not ``digest``; None when it did not move)."""
+    ``live`` is asked and its digest is not ``digest``; None when it did not move). ``run_digest``
+    runs the statement when it is the digest alone (an idle loop): the reader's prepared one."""
     parts = frozenset(part for part, present in (("o", wanted), ("k", by_key), ("d", live)) if present)
     count, total = digest or (-1, -1)
     params: dict[str, Any] = {"key_tokens": [launch.token for launch in by_key], "count": count, "sum": str(total)}
     for prefix, tasks in (("", wanted), ("key_", [launch.task for launch in by_key])):
         params.update(_key_params(tasks, prefix))
     rows, changed, moved = [], {}, None
-    for kind, token, *row in _execute(engine, _loop_statement(engine, parts), params, conn) if parts else ():
+    if not parts:
+        result = []
+    elif parts == DIGEST_ONLY and run_digest is not None:
+        result = run_digest(engine, conn, _loop_statement(engine, parts), params)
+    else:
+        result = _execute(engine, _loop_statement(engine, parts), params, conn)
+    for kind, token, *row in result:
         if kind == "o":
             rows.append(row)
         elif kind == "d":  # (count, sum, the tokens when the digest moved)

@@ -189,3 +189,34 @@ def test_the_loop_read_returns_only_the_launches_whose_row_changed(world):
     world.airflow.clear(t1)  # the live set moves: t1's launch left it; found within this read
     moved = reads.read([], [_launch(t1)])
     assert set(moved.changed) == {t1.token} and t1.token not in reads._live
+
+
+@pytest.mark.tasks("t1", "t2")
+def test_idle_loop_statement_is_prepared_once_and_sent_plain_where_a_pooler_drops_it(world):
+    """An idle loop sends the digest alone, prepared once on the reader's own connection (planning
+    it cost more than running it). A pooler in transaction mode hands the next statement another
+    server connection, where the prepared statement does not exist: the read still answers, and
+    from then on the statement goes unprepared."""
+    from fenced_k8s_executor import ledger
+
+    sched = world.scheduler("fenced", start=False)
+    world.queue(sched, trigger=False)
+    t1, t2 = world.row("t1"), world.row("t2")
+    launches = [_launch(t1), _launch(t2)]
+    reads = ledger.InFlightReads()
+    assert reads.read([], launches).changed == {}  # the live set unknown: both asked by key, and the digest
+    assert reads.read([], launches).changed == {} and reads._prepared  # idle: the digest alone, prepared
+    held = reads._held[1].connection.dbapi_connection
+    with held.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s", (ledger.PREPARED_DIGEST,))
+        assert cursor.fetchone()[0] == 1
+
+    world.airflow.clear(t1)  # the live set moves: found through the prepared statement
+    assert set(reads.read([], launches).changed) == {t1.token}
+
+    with held.cursor() as cursor:  # what a pooler's next server connection looks like
+        cursor.execute(f"DEALLOCATE {ledger.PREPARED_DIGEST}")
+    world.airflow.clear(t2)
+    assert set(reads.read([], [_launch(t2)]).changed) == {t2.token}  # answered, unprepared
+    assert not reads._prepare
+    reads.close()
