@@ -201,3 +201,40 @@ def _run_label(run_id: str) -> str:
     from airflow.providers.cncf.kubernetes.pod_generator import make_safe_label_value
 
     return make_safe_label_value(run_id)
+
+
+@pytest.mark.parametrize("kind", ["stock", "fenced"])
+def test_slot_of_a_task_adopted_from_a_live_scheduler_is_freed_when_its_pod_finishes(world, needs_emulator, kind):
+    """A first minimisation of the long run's one finding on today's code (``slot_held``,
+    examples 62-63, docs/checker.md), which it does not reproduce: the fenced executor keeps the
+    promise here, stock does not. A launches t1 and its pod starts; the API answers A with 503
+    (its watches too) and A misses its heartbeats, yet lives on; B's orphan check fails A's job
+    and adopts t1 (same token, its pod relabelled to B); the task succeeds and the pod ends; A's
+    API heals. Stock's watcher lists its pods by A's label again: the pod is not among them, no
+    event for it reaches A, and A's slot for t1 stays held for good."""
+    a = world.scheduler(kind)
+    world.queue(a)
+    a.executor.sync()
+    row = world.row("t1")
+    (pod,) = [p.metadata.name for p in world.live_pods(row)]
+    world.set_pod_phase(pod, "Running")
+    world.settle(a.executor, 1.0)
+    assert row.key in a.executor.running
+    fault = world.backend.add_fault(method="*", path=r"/pods", status=503, who=a.user)
+    world.settle(a.executor, 0.5)
+    world.kill(a)  # no heartbeat for longer than the health-check threshold; the process lives on
+    b = world.scheduler(kind)
+    b.adopt_or_reset_orphans()
+    adopted = world.row("t1")
+    assert (adopted.queued_by_job_id, adopted.token) == (b.job_id, row.token)
+    world.airflow.start(adopted, hostname=pod)
+    world.airflow.finish(adopted, "success")
+    world.set_pod_phase(pod, "Succeeded")
+    world.settle(b.executor, 1.0)
+    world.backend.clear_faults(fault)
+    world.settle(a.executor, 3.0)  # A's loops once its API answers again
+    assert world.row("t1").state == "success"
+    if kind == "stock":
+        assert row.key in a.executor.running, "stock no longer keeps the slot of a task adopted away"
+        return
+    assert row.key not in a.executor.running, "A still holds the slot of a task B adopted and finished"
