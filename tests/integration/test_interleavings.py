@@ -28,9 +28,9 @@ from interleavings.machine import InterleavingMachine
 pytestmark = pytest.mark.integration
 
 #: The default run's seed: CI explores the same sequences every time. Within the default
-#: budget this one shows stock leaving superseded Pending and Running pods and one winning /run
-#: (seeds 3636, 1 and 36 showed stock breaking only its error-handling promises; docs/checker.md).
-SEED = 7
+#: budget this one shows stock leaving a superseded Pending and a Running pod and superseded pods
+#: winning /run (seed 7 did before the steps drew their arguments up front; docs/checker.md).
+SEED = 2
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis.strategies as st
+from hypothesis import reject
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from interleavings.harness import Env
@@ -64,6 +65,32 @@ class Slot:
     @property
     def capable(self) -> bool:
         return self.status == "live" and not self.faults and not self.transient
+
+
+class Choices:
+    """Stands in for Hypothesis's ``data`` inside a step: the step's arguments come from a block of
+    integers drawn before it runs. Drawn inside the step, their number and ranges depended on the
+    state the parts' timing left (which pods exist, which schedulers live), and Hypothesis stopped
+    long runs with ``FlakyStrategyDefinition`` when a replay drew differently. A choice among n
+    options takes the next integer modulo n; no option at all rejects the example, as drawing from
+    an empty ``sampled_from`` did."""
+
+    SIZE = 6
+
+    def __init__(self, numbers: list[int]):
+        self.numbers = list(numbers)
+        self.used = 0
+
+    def draw(self, strategy: Any, label: str | None = None) -> Any:
+        inner = getattr(strategy, "wrapped_strategy", strategy)
+        options = getattr(inner, "elements", None)
+        if options is None and type(inner).__name__ == "BooleansStrategy":
+            options = (False, True)
+        if not options:
+            reject()
+        number = self.numbers[self.used % len(self.numbers)]
+        self.used += 1
+        return options[number % len(options)]
 
 
 class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
@@ -181,14 +208,17 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
     @rule(data=st.data())
     def act(self, data):
         """One step, drawn by weight (``STEPS``) from a fixed list so that a shrunk sequence keeps its
-        meaning; a step that does not apply now (no such pod, no live scheduler) does nothing. The
-        step draws its own arguments."""
+        meaning; a step that does not apply now (no such pod, no live scheduler) does nothing. Its
+        arguments come from a block drawn with it (``Choices``): every step draws the same, whatever
+        the timing of the parts made applicable."""
         name = data.draw(st.sampled_from(WEIGHTED), label="step")
+        numbers = data.draw(st.lists(st.integers(0, 255), min_size=Choices.SIZE, max_size=Choices.SIZE),
+                            label="arguments")
         if not STEPS[name][1](self):
             return
         began = time.monotonic()
         try:
-            getattr(self, name)(data)
+            getattr(self, name)(Choices(numbers))
         finally:
             self.env.findings.timed(name, time.monotonic() - began)
 
