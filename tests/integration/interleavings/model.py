@@ -23,7 +23,7 @@ INVARIANTS: dict[str, str] = {
     "slot_held": "no executor slot stays held for a task that is terminal or belongs to another scheduler",
     "try_burned": "no try is burned that stock would not burn",
     "not_terminal": "every task reaches a terminal state once faults stop and loops continue",
-    "sync_raised": "no exception escapes sync()",
+    "sync_raised": "no exception escapes sync(), and it returns while the DB refuses connections",
     "step_raised": "no exception escapes the executor hooks airflow-core calls (revoke, adoption)",
 }
 
