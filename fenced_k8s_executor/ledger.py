@@ -41,8 +41,9 @@ DIGEST_ONLY = frozenset("d")
 #: Its name when prepared on the reader's own connection.
 PREPARED_DIGEST = "fenced_k8s_executor_digest"
 
-#: Round trips made by this process (read by the benchmark; cheap to keep).
+#: Statements the reads sent, and the PREPAREs (one per connection) apart: read by the benchmark.
 ROUND_TRIPS = 0
+PREPARES = 0
 
 #: The row columns the reads return, by the names the fences know them by (``_columns`` maps them
 #: to the model: ``map_index`` is ``region_index`` on 3.4, ``region`` its ``region_id`` or NULL).
@@ -170,14 +171,14 @@ class InFlightReads:
         running it (``EXPLAIN ANALYZE`` at 1,000 launches: 1.6-2.1 ms planning, 1.4 ms executing).
         A pooler that does not keep a session's prepared statements (pgbouncer in transaction
         mode) refuses it: from then on it is sent unprepared, as every other statement is."""
-        global ROUND_TRIPS
+        global PREPARES
         if self._prepare:
             import psycopg2
 
             try:
                 with conn.connection.dbapi_connection.cursor() as cursor:
                     if not self._prepared:
-                        ROUND_TRIPS += 1
+                        PREPARES += 1
                         cursor.execute(f"PREPARE {PREPARED_DIGEST}(bigint, text) AS "
                                        + statement.replace("%(count)s", "$1").replace("%(sum)s", "$2"))
                         self._prepared = True

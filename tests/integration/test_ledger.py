@@ -204,8 +204,10 @@ def test_idle_loop_statement_is_prepared_once_and_sent_plain_where_a_pooler_drop
     t1, t2 = world.row("t1"), world.row("t2")
     launches = [_launch(t1), _launch(t2)]
     reads = ledger.InFlightReads()
+    prepares = ledger.PREPARES
     assert reads.read([], launches).changed == {}  # the live set unknown: both asked by key, and the digest
     assert reads.read([], launches).changed == {} and reads._prepared  # idle: the digest alone, prepared
+    assert reads.read([], launches).changed == {} and ledger.PREPARES - prepares == 1  # once per connection
     held = reads._held[1].connection.dbapi_connection
     with held.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s", (ledger.PREPARED_DIGEST,))

@@ -147,7 +147,7 @@ class RoundTrips:
     def snapshot(self) -> dict:
         from fenced_k8s_executor import ledger
 
-        return {**self.counts, "raw": ledger.ROUND_TRIPS}
+        return {**self.counts, "raw": ledger.ROUND_TRIPS, "prepare": ledger.PREPARES}
 
     def since(self, before: dict) -> dict:
         """Counts since ``before``. The fenced reads run on psycopg2 cursors of their own, which
@@ -156,8 +156,10 @@ class RoundTrips:
 
         d = {k: self.counts[k] - before[k] for k in self.counts}
         d["raw"] = ledger.ROUND_TRIPS - before["raw"]
+        d["prepare"] = ledger.PREPARES - before["prepare"]  # once per connection, not per loop
         d["statements"] += d["raw"]
-        d["wire"] = d["statements"] + d["begin"] + d["commit"] + d["rollback"] + (d["checkout"] if self.pre_ping else 0)
+        d["wire"] = (d["statements"] + d["prepare"] + d["begin"] + d["commit"] + d["rollback"]
+                     + (d["checkout"] if self.pre_ping else 0))
         return d
 
 
