@@ -361,8 +361,17 @@ def _run_real_subprocess(argv: list[str], airflow_log: str) -> dict:
         keep.append(a)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = fh.name
-    proc = subprocess.run([sys.executable, "-m", "fenced_k8s_lab.bench", *keep, "--backend", "real",
-                           "--json", out, "--airflow-log", airflow_log], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "fenced_k8s_lab.bench", *keep, "--backend", "real",
+                             "--json", out, "--airflow-log", airflow_log], stdout=subprocess.DEVNULL)
+    try:
+        proc.wait()
+    except BaseException:  # this bench ended (SIGTERM): the child ends through its own finally, not killed
+        proc.terminate()  # (a SIGKILL left its PostgreSQL running)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
     if proc.returncode != 0:  # its progress went to stderr (shared), Airflow's lines to airflow_log
         return {"backend": "real", "error": f"exit {proc.returncode}; Airflow's log: {airflow_log}"}
     figures = json.loads(Path(out).read_text())
