@@ -41,6 +41,14 @@ DIGEST_ONLY = frozenset("d")
 #: Its name when prepared on the reader's own connection.
 PREPARED_DIGEST = "fenced_k8s_executor_digest"
 
+#: Sent before every loop statement in the same query string, so in the one implicit transaction
+#: PostgreSQL gives a multi-statement string (the settings end with it, behind a pooler too): the
+#: live set is found through airflow-core's ``ti_state`` index, whatever the statistics say. Right
+#: after a mass update, before autovacuum analyses the table, the planner took a sequential scan
+#: of the whole table (every loop, until the analyse: 5x an idle loop's cost at 1,000 launches);
+#: a plain index scan (not a bitmap one) also marks the dead entries it meets, so only the first
+#: loop after such an update walks them.
+PLAN = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; "
 #: Statements the reads sent, and the PREPAREs (one per connection) apart: read by the benchmark.
 ROUND_TRIPS = 0
 PREPARES = 0
@@ -182,7 +190,7 @@ class InFlightReads:
                         cursor.execute(f"PREPARE {PREPARED_DIGEST}(bigint, text) AS "
                                        + statement.replace("%(count)s", "$1").replace("%(sum)s", "$2"))
                         self._prepared = True
-                    cursor.execute(f"EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
+                    cursor.execute(f"{PLAN}EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
                     return cursor.fetchall()
             except psycopg2.Error as error:
                 # 26000: no such prepared statement; 42P05: already prepared (a pooler's server connection)
@@ -235,7 +243,8 @@ def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[
 def _execute(engine: Any, statement: str, params: dict, held: Any = None) -> list:
     """Run one statement on ``held`` (a connection the caller keeps in autocommit) or on a pooled one.
 
-    One statement needs no transaction: in autocommit psycopg2 sends no BEGIN and no ROLLBACK. The
+    One statement needs no transaction: in autocommit psycopg2 sends no BEGIN and no ROLLBACK (the
+    planner settings before it, ``PLAN``, share the query string's implicit transaction). The
     DBAPI flag is flipped directly, as SQLAlchemy's own pre-ping does: its
     isolation_level="AUTOCOMMIT" option would leave the pooled connection with an explicit READ
     COMMITTED level, after which psycopg2 sends "SET default_transaction_isolation" on every later
@@ -243,6 +252,7 @@ def _execute(engine: Any, statement: str, params: dict, held: Any = None) -> lis
     engine's stream_results says) and its tuples: SQLAlchemy's statement and row handling cost as
     much as the idle loop's query.
     """
+    statement = PLAN + statement
     if held is not None:
         with held.connection.dbapi_connection.cursor() as cursor:
             cursor.execute(statement, params)

@@ -222,3 +222,41 @@ def test_idle_loop_statement_is_prepared_once_and_sent_plain_where_a_pooler_drop
     assert set(reads.read([], [_launch(t2)]).changed) == {t2.token}  # answered, unprepared
     assert not reads._prepare
     reads.close()
+
+
+@pytest.mark.tasks("t1", "t2")
+def test_the_loop_statement_finds_the_live_set_through_ti_state_whatever_the_planner_estimates(world):
+    """Right after a mass update, before autovacuum analyses ``task_instance``, the planner believed
+    most rows were live and scanned the whole table every loop (the bench's dead scheduler's 1,000
+    pods: 5x stock's loop). Here the session's costs make any index scan look dearer than reading
+    the table, as stale statistics did: the statement the reader sends, plain or prepared, still
+    takes airflow-core's ``ti_state`` index, and still answers."""
+    from airflow import settings
+
+    from fenced_k8s_executor import ledger
+
+    sched = world.scheduler("fenced", start=False)
+    world.queue(sched, trigger=False)
+    t1, t2 = world.row("t1"), world.row("t2")
+    launches = [_launch(t1), _launch(t2)]
+    reads = ledger.InFlightReads()
+    assert reads.read([], launches).changed == {}
+    held = reads._held[1]
+    with held.connection.dbapi_connection.cursor() as cursor:
+        cursor.execute("SET random_page_cost = 1000000")  # session-wide: what stale statistics do to the estimate
+        cursor.execute("EXPLAIN " + ledger._loop_statement(settings.engine, ledger.DIGEST_ONLY), {"count": -1, "sum": "-1"})
+        assert "Seq Scan on task_instance" in "\n".join(row[0] for row in cursor.fetchall())  # the premise
+
+    plan = "\n".join(row[0] for row in ledger._execute(
+        settings.engine, "EXPLAIN " + ledger._loop_statement(settings.engine, ledger.DIGEST_ONLY),
+        {"count": -1, "sum": "-1"}, held))
+    assert "Index Scan using ti_state" in plan and "Seq Scan on task_instance" not in plan
+
+    assert reads.read([], launches).changed == {} and reads._prepared  # the idle loop's prepared statement
+    with held.connection.dbapi_connection.cursor() as cursor:
+        cursor.execute(f"{ledger.PLAN}EXPLAIN EXECUTE {ledger.PREPARED_DIGEST}(-1, '-1')")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Index Scan using ti_state" in plan and "Seq Scan on task_instance" not in plan
+    world.airflow.clear(t1)
+    assert set(reads.read([], launches).changed) == {t1.token}
+    reads.close()

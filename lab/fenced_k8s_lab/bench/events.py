@@ -339,6 +339,8 @@ def _explain(lab: Lab, executor) -> list[str]:
             for name in ("dag_ids", "task_ids", "run_ids", "map_indexes"):
                 params[prefix + name] = []
         statement = "EXPLAIN (ANALYZE, BUFFERS) " + ledger._loop_statement(lab.engine, frozenset("d"))
-        with lab.engine.connect() as conn:
+        with lab.engine.connect() as conn:  # one transaction: the reader's planner settings apply
+            if getattr(ledger, "PLAN", ""):
+                conn.exec_driver_sql(ledger.PLAN)
             plans += [f"-- {label}"] + [row[0] for row in conn.exec_driver_sql(statement, params).fetchall()]
     return plans
