@@ -47,7 +47,7 @@ class EventFence:
         finally:
             self.result_queue = real
             self._loop_state = None
-        self.book.prune(self.running)
+        self.book.tidy(self.running)
 
     def _prefetch_state_verdicts(self, batch: list[KubernetesResults]) -> None:
         """The loop's one DB read: every watcher result of this sync (pods resolved from memory

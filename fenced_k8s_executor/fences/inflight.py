@@ -138,7 +138,7 @@ class InFlightFence:
         if self.in_flight_pods is None:
             return
         held = [(key, ref) for ref in self.in_flight_pods.view.take_gone()
-                if (key := self.book.key_held_by(ref.launch)) is not None]
+                if (key := self.book.key_held_by(ref.launch)) is not None and key in self.running]
         if not held:
             return
         try:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fenced_k8s_executor.launch import LaunchIdentity
-from fenced_k8s_executor.launches import LaunchBook
+from fenced_k8s_executor.launches import PRUNE_EVERY, LaunchBook
 
 KEYS = ["k1", "k2"]
 
@@ -47,6 +47,44 @@ def test_pending_launches_are_those_not_seen_running_and_still_in_running():
     book.fenced("pod-b")
     assert book.pending() == []
     assert book.launch_of("pod-b") == b  # still resolvable for late events
+
+
+class Asked(set):
+    """``running`` counting the membership tests a prune makes (one per key held)."""
+
+    asked = 0
+
+    def __contains__(self, key: object) -> bool:
+        self.asked += 1
+        return super().__contains__(key)
+
+
+def test_an_idle_loop_does_not_scan_the_slot_holders_and_a_key_that_left_is_forgotten_at_once():
+    """Scanning every holder each loop cost an idle loop 1 ms per 1,000 launches on Airflow 3.4
+    (its keys hash through a UUID in Python). The loop's tidy scans only when a key may have left
+    ``running``: at once when the book holds more keys than ``running``, else every PRUNE_EVERY
+    loops (a key left while another without a known holder came in)."""
+    book = LaunchBook()
+    keys = [f"k{i}" for i in range(100)]
+    book.queued_all([(key, launch().token) for key in keys])
+    running = Asked(keys)
+    for _ in range(PRUNE_EVERY - 1):
+        book.tidy(running)
+    assert running.asked == 0  # nothing left: no scan
+
+    running.discard("k1")  # a revoke: k1's slot is gone
+    book.tidy(running)
+    assert book.holder("k1") is None and running.asked == 100  # one scan: each of the 100 holders asked once
+
+    running.discard("k2")
+    running.add("legacy")  # a key without a known holder came in: the sizes match
+    asked = running.asked
+    book.tidy(running)
+    assert book.holder("k2") is not None and running.asked == asked  # left for the periodic scan
+    for _ in range(PRUNE_EVERY):
+        book.tidy(running)
+    assert book.holder("k2") is None and book.holder("k3") is not None
+    assert book.release("k2", launch())  # nobody holds it: a late event of the key frees nothing else
 
 
 def test_pod_memory_is_bounded():
