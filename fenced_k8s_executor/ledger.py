@@ -43,11 +43,12 @@ PREPARED_DIGEST = "fenced_k8s_executor_digest"
 
 #: Sent before every loop statement in the same query string, so in the one implicit transaction
 #: PostgreSQL gives a multi-statement string (the settings end with it, behind a pooler too): the
-#: live set is found through airflow-core's ``ti_state`` index, whatever the statistics say. Right
-#: after a mass update, before autovacuum analyses the table, the planner took a sequential scan
-#: of the whole table (every loop, until the analyse: 5x an idle loop's cost at 1,000 launches);
-#: a plain index scan (not a bitmap one) also marks the dead entries it meets, so only the first
-#: loop after such an update walks them.
+#: live set is found through airflow-core's indexes on ``state`` (``ti_state``; 3.4's
+#: ``ti_current_state``), whatever the statistics say. Right after a mass update, before
+#: autovacuum analyses the table, the planner took a sequential scan of the whole table (every
+#: loop, until the analyse: 5x an idle loop's cost at 1,000 launches); a plain index scan (not a
+#: bitmap one) also marks the dead entries it meets, so only the first loop after such an update
+#: walks them.
 PLAN = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; "
 #: Statements the reads sent, and the PREPAREs (one per connection) apart: read by the benchmark.
 ROUND_TRIPS = 0
