@@ -33,8 +33,9 @@ log = logging.getLogger("fenced_k8s_executor")
 FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 #: Seconds a watch request lasts before it is renewed (the server ends it; bookmarks keep its version fresh).
 WATCH_SECONDS = 300
-#: Seconds between attempts after an API error (doubling up to the maximum).
-BACKOFF_START, BACKOFF_MAX = 0.5, 15.0
+#: Seconds between attempts after an API error (doubling up to the maximum: what bounds how late
+#: the picture catches up once the API answers again, as for the pod watcher).
+BACKOFF_START, BACKOFF_MAX = 0.5, 2.0
 #: A watch the server (or a proxy) ends sooner than this, with nothing in it, is an error for the
 #: back-off: a proxy answering every watch with an empty body would otherwise spin this thread.
 SHORT_WATCH = 1.0

@@ -238,3 +238,36 @@ def test_slot_of_a_task_adopted_from_a_live_scheduler_is_freed_when_its_pod_fini
         assert row.key in a.executor.running, "stock no longer keeps the slot of a task adopted away"
         return
     assert row.key not in a.executor.running, "A still holds the slot of a task B adopted and finished"
+
+
+@pytest.mark.parametrize("kind", ["stock", "fenced"])
+def test_a_slot_is_freed_soon_after_an_api_outage_ends(world, needs_emulator, kind):
+    """The long run's ``slot_held`` (seed 20261203, example 107, docs/checker.md), minimised: a
+    scheduler's API answers 500 for 8 s (its watches broken) while its task finishes and its pod
+    succeeds. The fenced
+    pod watcher outlives the errors (stock's dies and is restarted on the next loop) but waited
+    longer after each one, up to 15 s: the outage over, its next attempt came 7.5 s later, and the
+    slot of a finished task stayed held that long, where stock's restarted watcher freed it at
+    once. The wait between attempts is now capped at 2 s."""
+    a = world.scheduler(kind)
+    world.queue(a)
+    a.executor.sync()
+    row = world.row("t1")
+    (pod,) = [p.metadata.name for p in world.live_pods(row)]
+    world.set_pod_phase(pod, "Running")
+    world.settle(a.executor, 1.0)
+    assert row.key in a.executor.running
+    fault = world.backend.add_fault(method="*", path=r"/pods", status=500, who=a.user)
+    world.backend.close_watches()  # the open watches end; every new request of A's fails
+    world.airflow.start(row, hostname=pod)
+    world.airflow.finish(row, "success")
+    world.set_pod_phase(pod, "Succeeded")
+    world.settle(a.executor, 8.0)  # the watcher's attempts fail: 0.5, 1, 2, 4 s apart, then longer
+    world.backend.clear_faults(fault)
+    deadline = time.monotonic() + 5.0
+    while row.key in a.executor.running and time.monotonic() < deadline:
+        a.executor.sync()
+        a.process_events()
+        time.sleep(0.2)
+    assert world.row("t1").state == "success"
+    assert row.key not in a.executor.running, f"{kind}: the slot of a finished task is still held 5 s after the outage"
