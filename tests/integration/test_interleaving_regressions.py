@@ -203,6 +203,19 @@ def _run_label(run_id: str) -> str:
     return make_safe_label_value(run_id)
 
 
+def _started(world, kind: str):
+    """A scheduler of ``kind`` launches t1 and its pod starts: (the scheduler, t1's row, its pod)."""
+    a = world.scheduler(kind)
+    world.queue(a)
+    a.executor.sync()
+    row = world.row("t1")
+    (pod,) = [p.metadata.name for p in world.live_pods(row)]
+    world.set_pod_phase(pod, "Running")
+    world.settle(a.executor, 1.0)
+    assert row.key in a.executor.running
+    return a, row, pod
+
+
 @pytest.mark.parametrize("kind", ["stock", "fenced"])
 def test_slot_of_a_task_adopted_from_a_live_scheduler_is_freed_when_its_pod_finishes(world, needs_emulator, kind):
     """A first minimisation of the long run's one finding on today's code (``slot_held``,
@@ -212,14 +225,7 @@ def test_slot_of_a_task_adopted_from_a_live_scheduler_is_freed_when_its_pod_fini
     and adopts t1 (same token, its pod relabelled to B); the task succeeds and the pod ends; A's
     API heals. Stock's watcher lists its pods by A's label again: the pod is not among them, no
     event for it reaches A, and A's slot for t1 stays held for good."""
-    a = world.scheduler(kind)
-    world.queue(a)
-    a.executor.sync()
-    row = world.row("t1")
-    (pod,) = [p.metadata.name for p in world.live_pods(row)]
-    world.set_pod_phase(pod, "Running")
-    world.settle(a.executor, 1.0)
-    assert row.key in a.executor.running
+    a, row, pod = _started(world, kind)
     fault = world.backend.add_fault(method="*", path=r"/pods", status=503, who=a.user)
     world.settle(a.executor, 0.5)
     world.kill(a)  # no heartbeat for longer than the health-check threshold; the process lives on
@@ -244,19 +250,11 @@ def test_slot_of_a_task_adopted_from_a_live_scheduler_is_freed_when_its_pod_fini
 def test_a_slot_is_freed_soon_after_an_api_outage_ends(world, needs_emulator, kind):
     """The long run's ``slot_held`` (seed 20261203, example 107, docs/checker.md), minimised: a
     scheduler's API answers 500 for 8 s (its watches broken) while its task finishes and its pod
-    succeeds. The fenced
-    pod watcher outlives the errors (stock's dies and is restarted on the next loop) but waited
-    longer after each one, up to 15 s: the outage over, its next attempt came 7.5 s later, and the
-    slot of a finished task stayed held that long, where stock's restarted watcher freed it at
-    once. The wait between attempts is now capped at 2 s."""
-    a = world.scheduler(kind)
-    world.queue(a)
-    a.executor.sync()
-    row = world.row("t1")
-    (pod,) = [p.metadata.name for p in world.live_pods(row)]
-    world.set_pod_phase(pod, "Running")
-    world.settle(a.executor, 1.0)
-    assert row.key in a.executor.running
+    succeeds. The fenced pod watcher outlives the errors (stock's dies and is restarted on the next
+    loop) but waited longer after each one, up to 15 s: the outage over, its next attempt came
+    7.5 s later, and the slot of a finished task stayed held that long, where stock's restarted
+    watcher freed it at once. The wait between attempts is now capped at 2 s."""
+    a, row, pod = _started(world, kind)
     fault = world.backend.add_fault(method="*", path=r"/pods", status=500, who=a.user)
     world.backend.close_watches()  # the open watches end; every new request of A's fails
     world.airflow.start(row, hostname=pod)
