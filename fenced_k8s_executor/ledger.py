@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -182,25 +183,23 @@ class InFlightReads:
         mode) refuses it: from then on it is sent unprepared, as every other statement is."""
         global PREPARES
         if self._prepare:
-            import psycopg2
-
             try:
-                with conn.connection.dbapi_connection.cursor() as cursor:
+                with _cursor(conn.connection.dbapi_connection) as cursor:
                     if not self._prepared:
                         PREPARES += 1
                         cursor.execute(f"PREPARE {PREPARED_DIGEST}(bigint, text) AS "
                                        + statement.replace("%(count)s", "$1").replace("%(sum)s", "$2"))
                         self._prepared = True
-                    cursor.execute(f"{PLAN}EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
-                    return cursor.fetchall()
-            except psycopg2.Error as error:
+                    return _rows(cursor, f"{PLAN}EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
+            except Exception as error:
                 # 26000: no such prepared statement; 42P05: already prepared (a pooler's server connection)
-                if error.pgcode not in ("26000", "42P05"):
+                code = _sqlstate(error)
+                if code not in ("26000", "42P05"):
                     raise
                 self._prepare = False
                 log.warning("fenced_k8s_executor the metadata DB's connection does not keep prepared statements "
                             "(a pooler in transaction mode?): the loop's statement is planned every loop (%s)",
-                            error.pgcode)
+                            code)
         return _execute(engine, statement, params, conn)
 
 
@@ -255,19 +254,42 @@ def _execute(engine: Any, statement: str, params: dict, held: Any = None) -> lis
     """
     statement = PLAN + statement
     if held is not None:
-        with held.connection.dbapi_connection.cursor() as cursor:
-            cursor.execute(statement, params)
-            return cursor.fetchall()
+        with _cursor(held.connection.dbapi_connection) as cursor:
+            return _rows(cursor, statement, params)
     with engine.connect() as conn:
         dbapi = conn.connection.dbapi_connection
         dbapi.autocommit = True
         try:
-            with dbapi.cursor() as cursor:
-                cursor.execute(statement, params)
-                return cursor.fetchall()
+            with _cursor(dbapi) as cursor:
+                return _rows(cursor, statement, params)
         finally:
             if not dbapi.closed:
                 dbapi.autocommit = False
+
+
+def _cursor(dbapi: Any) -> Any:
+    """A cursor that binds parameters in the client, as psycopg2's do: the query string goes whole
+    in PostgreSQL's simple protocol, which takes ``PLAN`` and the statement together. psycopg 3, the
+    driver SQLAlchemy 2.1 picks for a plain ``postgresql://`` URL (what the official chart writes),
+    binds on the server, where PostgreSQL refuses two commands in one statement."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(dbapi, psycopg.Connection):
+        return psycopg.ClientCursor(dbapi)
+    return dbapi.cursor()
+
+
+def _rows(cursor: Any, statement: str, params: dict) -> list:
+    """The rows of a query string's last statement (psycopg 3 stands on its first result)."""
+    cursor.execute(statement, params)
+    if type(cursor).__module__.partition(".")[0] == "psycopg":
+        while cursor.nextset():
+            pass
+    return cursor.fetchall()
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """The PostgreSQL error code of a driver's error (psycopg2: pgcode; psycopg 3: sqlstate)."""
+    return getattr(error, "pgcode", None) or getattr(error, "sqlstate", None)
 
 
 def _release(conn: Any) -> None:

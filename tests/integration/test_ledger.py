@@ -13,6 +13,28 @@ import pytest
 from fenced_k8s_executor import ledger
 
 
+@pytest.fixture(params=["psycopg2", "psycopg"])
+def driver(request, monkeypatch):
+    """The reads on each PostgreSQL driver: psycopg2 (the lab's URLs) and psycopg 3, which
+    SQLAlchemy 2.1 picks for a plain ``postgresql://`` URL such as the official chart writes (and
+    which binds parameters on the server, where a query string of two commands is refused)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    from airflow import settings
+
+    if request.param == "psycopg2":
+        assert settings.engine.dialect.driver == "psycopg2"
+        yield settings.engine
+        return
+    engine = create_engine(settings.engine.url.set(drivername="postgresql+psycopg"), poolclass=NullPool)
+    monkeypatch.setattr(settings, "engine", engine)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
 def _portable(tasks: list) -> dict:
     from airflow import settings
 
@@ -20,7 +42,7 @@ def _portable(tasks: list) -> dict:
     return ledger._rows_of(ledger._read_portable(settings.engine, wanted), wanted)
 
 
-def test_postgresql_read_finds_what_the_portable_read_finds(metadata_db, airflow):
+def test_postgresql_read_finds_what_the_portable_read_finds(metadata_db, airflow, driver):
     from airflow import settings
 
     assert settings.engine.dialect.name == "postgresql"
@@ -145,7 +167,7 @@ def _launch(row, token=None, task=None):
 
 
 @pytest.mark.tasks("t1", "t2", "t3")
-def test_the_loop_read_returns_only_the_launches_whose_row_changed(world):
+def test_the_loop_read_returns_only_the_launches_whose_row_changed(world, driver):
     """``InFlightReads.read`` on real PostgreSQL, against the portable reading of the same rows: the
     tasks asked for whole; of the launches in flight only those whose task's row no longer names
     them (its row, or None when the task is gone), whatever their row id. In a loop where nothing
@@ -193,7 +215,7 @@ def test_the_loop_read_returns_only_the_launches_whose_row_changed(world):
 
 
 @pytest.mark.tasks("t1", "t2")
-def test_idle_loop_statement_is_prepared_once_and_sent_plain_where_a_pooler_drops_it(world):
+def test_idle_loop_statement_is_prepared_once_and_sent_plain_where_a_pooler_drops_it(world, driver):
     """An idle loop sends the digest alone, prepared once on the reader's own connection (planning
     it cost more than running it). A pooler in transaction mode hands the next statement another
     server connection, where the prepared statement does not exist: the read still answers, and
@@ -230,7 +252,7 @@ def _index_scan(plan: str) -> bool:
 
 
 @pytest.mark.tasks("t1", "t2")
-def test_the_loop_statement_finds_the_live_set_through_an_index_whatever_the_planner_estimates(world):
+def test_the_loop_statement_finds_the_live_set_through_an_index_whatever_the_planner_estimates(world, driver):
     """Right after a mass update, before autovacuum analyses ``task_instance``, the planner believed
     most rows were live and scanned the whole table every loop (the bench's dead scheduler's 1,000
     pods: 5x stock's loop). Here the session's costs make any index scan look dearer than reading
@@ -258,9 +280,9 @@ def test_the_loop_statement_finds_the_live_set_through_an_index_whatever_the_pla
     assert _index_scan(plan)
 
     assert reads.read([], launches).changed == {} and reads._prepared  # the idle loop's prepared statement
-    with held.connection.dbapi_connection.cursor() as cursor:
-        cursor.execute(f"{ledger.PLAN}EXPLAIN EXECUTE {ledger.PREPARED_DIGEST}(-1, '-1')")
-        plan = "\n".join(row[0] for row in cursor.fetchall())
+    with ledger._cursor(held.connection.dbapi_connection) as cursor:
+        plan = "\n".join(row[0] for row in ledger._rows(
+            cursor, f"{ledger.PLAN}EXPLAIN EXECUTE {ledger.PREPARED_DIGEST}(-1, '-1')", {}))
     assert _index_scan(plan)
     world.airflow.clear(t1)
     assert set(reads.read([], launches).changed) == {t1.token}
