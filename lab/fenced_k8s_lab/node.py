@@ -6,8 +6,8 @@ kube-proxy, DNS) started from local parts, for tests and the lab.
 checks that the machine is as it was: no process or mount of that dir left, and the same network
 links, network namespaces and Kubernetes or fenced-node iptables rules as before the start
 (``LeftoversError`` otherwise). A cluster that is already up (one per machine: fixed bridge, ports)
-is reused and left running; its kubeconfig comes from ``FENCED_NODE_KUBECONFIG`` or the node's
-default work dir.
+is reused and left running; its kubeconfig comes from ``FENCED_NODE_KUBECONFIG``, the node's
+default work dir, or the work dir its kube-apiserver's command line names.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from fenced_k8s_lab.chart import SHARED
 NODE = SHARED / "node"
 BRIDGE = "fncbr0"  # made by up.sh, removed by down.sh (../shared/node/env.sh)
 DEFAULT_WORK = Path("/var/lib/fenced-node")
+#: Seconds the teardown check waits for pods' veth links to go: ``ip netns delete`` returns at once
+#: and the kernel destroys the namespace's links afterwards (seen lingering past the check on 2 cores).
+LINKS_SETTLE = 30.0
 
 
 def skip_reason() -> str | None:
@@ -54,6 +57,23 @@ def _host_state() -> dict[str, set[str]]:
     links = {line.split(":")[1].strip().split("@")[0] for line in lines("ip", "-o", "link", "show") if ":" in line}
     netns = set(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else set()
     return {"iptables rules": rules, "network links": links, "network namespaces": netns}
+
+
+def _running_kubeconfig() -> Path | None:
+    """The admin kubeconfig of the node that is up, found through its kube-apiserver's command line
+    (``--client-ca-file WORK/pki/ca.crt``): a node started in a private work dir by a process that
+    is gone (a killed test run, a lab left up) is still reusable."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not args or not args[0].endswith("kube-apiserver") or "--client-ca-file" not in args[:-1]:
+            continue
+        kubeconfig = Path(args[args.index("--client-ca-file") + 1]).parents[1] / "admin.kubeconfig"
+        if kubeconfig.is_file():
+            return kubeconfig
+    return None
 
 
 def _node_up() -> bool:
@@ -91,10 +111,12 @@ class Node:
         self.timings["install"] = round(time.monotonic() - t0, 1)
         given = os.environ.get("FENCED_NODE_KUBECONFIG")
         if given or _node_up():
-            self.kubeconfig = given or str(DEFAULT_WORK / "admin.kubeconfig")
+            found = DEFAULT_WORK / "admin.kubeconfig"
+            self.kubeconfig = given or str(found if found.is_file() else _running_kubeconfig() or found)
             if not Path(self.kubeconfig).is_file():
-                raise RuntimeError(f"a node is up (bridge {BRIDGE}) but {self.kubeconfig} does not exist: "
-                                   "set FENCED_NODE_KUBECONFIG")
+                raise RuntimeError(f"a node is up (bridge {BRIDGE}) but {self.kubeconfig} does not exist and no "
+                                   "running kube-apiserver names its own: set FENCED_NODE_KUBECONFIG, or take "
+                                   "the node down with ../shared/node/down.sh (FENCED_WORK, FENCED_RUN)")
             self.timings["up"] = 0.0
             return self
         self._before = _host_state()
@@ -154,9 +176,14 @@ class Node:
                   if any(line.split()[1].startswith(d) for d in dirs)]
         if mounts:
             left.append(f"mounts {mounts}")
-        after = _host_state()
-        for what, before in self._before.items():
-            added = sorted(after.get(what, set()) - before)
-            if added:
-                left.append(f"{what} {added[:10]}")
+        added = self._added()
+        deadline = time.monotonic() + LINKS_SETTLE
+        while added.get("network links") and time.monotonic() < deadline:
+            time.sleep(0.5)  # a deleted pod netns frees its veth peers later, from a kernel work queue
+            added = self._added()
+        left += [f"{what} {items[:10]}" for what, items in added.items() if items]
         return left
+
+    def _added(self) -> dict[str, list[str]]:
+        after = _host_state()
+        return {what: sorted(after.get(what, set()) - before) for what, before in self._before.items()}
