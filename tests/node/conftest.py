@@ -29,6 +29,9 @@ def fenced_install(real_node, images):
     install = Install(cluster, "fenced", namespace="airflow", values_dir=OUT)
     t0 = time.monotonic()
     try:
+        # A reused node may hold an earlier session's install (pods still on the image that was
+        # loaded then) or its namespace still terminating: start from none.
+        cluster.run("delete", "namespace", "airflow", "--ignore-not-found", "--wait=true", timeout=600)
         install.run()
     except Exception:
         print(diagnostics(cluster, "airflow"), file=sys.stderr)
