@@ -31,6 +31,10 @@ pytestmark = pytest.mark.integration
 #: budget this one shows stock leaving a superseded Pending and a Running pod and superseded pods
 #: winning /run (seed 7 did before the steps drew their arguments up front; docs/checker.md).
 SEED = 2
+#: Stock's seeds, the next tried only when the one before left no superseded Pending pod: whether
+#: a step applies depends on timing, and after the fenced run in the same session seed 2 alone
+#: showed only sync_raised and step_raised on stock in three runs of three here.
+STOCK_SEEDS = (SEED, 3, 5)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +62,10 @@ def machine_for(metadata_db, airflow, emulator_session, pg_server, run_client, t
 
 @pytest.fixture
 def checker(machine_for):
-    def run(profile: Profile) -> Env:
+    def run(profile: Profile, default_seed: int = SEED) -> Env:
         machine = machine_for(profile)
         env = machine.env
-        chosen = os.environ.get("CHECKER_SEED", str(SEED))
+        chosen = os.environ.get("CHECKER_SEED", str(default_seed))
         if chosen != "random":
             machine = seed(int(chosen))(machine)
         try:
@@ -87,6 +91,10 @@ def test_stock_executor_breaks_the_fenced_promises(checker):
     """The stock executor on the same steps: the promises it cannot keep are recorded; those it
     keeps must hold. Within the default budget it must at least leave a superseded launch's
     Pending pod behind (race d), or the checker cannot tell the two executors apart."""
-    env = checker(Profile("stock", expected=recorded_invariants(STOCK_CANNOT)))
-    broken = set(env.findings.by_invariant())
+    broken: set = set()
+    for default_seed in STOCK_SEEDS[:1 if "CHECKER_SEED" in os.environ else None]:
+        env = checker(Profile("stock", expected=recorded_invariants(STOCK_CANNOT)), default_seed)
+        broken |= set(env.findings.by_invariant())
+        if "superseded_pending_lingers" in broken:
+            break
     assert "superseded_pending_lingers" in broken, f"stock kept the per-loop fence promise; broke only {broken}"
