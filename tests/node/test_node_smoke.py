@@ -64,7 +64,6 @@ def test_a_dag_run_succeeds_with_worker_pods_on_real_containers(fenced_install):
         assert pod["metadata"]["annotations"].get(TOKEN_ANNOTATION)  # launched through the fences
 
 
-
 #: What the fences log when a read of the metadata DB fails (each one retried next loop, never a
 #: delete): on a healthy install none may appear. The chart's plain postgresql:// URL gets
 #: SQLAlchemy 2.1's psycopg 3 driver, which the lab's psycopg2 URLs never exercised: the loop's
