@@ -59,16 +59,21 @@ def _host_state() -> dict[str, set[str]]:
     return {"iptables rules": rules, "network links": links, "network namespaces": netns}
 
 
+def _processes():
+    """(pid, argv) of every process still readable in /proc."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            yield int(pid), Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+
+
 def _running_kubeconfig() -> Path | None:
     """The admin kubeconfig of the node that is up, found through its kube-apiserver's command line
     (``--client-ca-file WORK/pki/ca.crt``): a node started in a private work dir by a process that
     is gone (a killed test run, a lab left up) is still reusable."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if not args or not args[0].endswith("kube-apiserver") or "--client-ca-file" not in args[:-1]:
+    for _, args in _processes():
+        if not args[0].endswith("kube-apiserver") or "--client-ca-file" not in args[:-1]:
             continue
         kubeconfig = Path(args[args.index("--client-ca-file") + 1]).parents[1] / "admin.kubeconfig"
         if kubeconfig.is_file():
@@ -163,12 +168,9 @@ class Node:
         dirs = [str(d) for d in (self._work, self._run) if d is not None]
         left = []
         procs = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if int(pid) != os.getpid() and any(d in cmd for d in dirs):
+        for pid, args in _processes():
+            cmd = " ".join(args)
+            if pid != os.getpid() and any(d in cmd for d in dirs):
                 procs.append(f"{pid} {cmd[:80]}")
         if procs:
             left.append(f"processes {procs}")
