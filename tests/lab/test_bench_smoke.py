@@ -73,3 +73,17 @@ def test_bench_smoke_writes_all_figures(tmp_path):
     assert figures["machine"]["airflow_logging_level"] == os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
     if len(os.sched_getaffinity(0)) >= 2:  # queue time: this process and the Managers on separate CPUs
         assert set(figures["queue_time_placement"]) == {"bench_cpu", "manager_cpu"}
+
+
+def test_bench_runs_on_the_charts_driver(tmp_path):
+    """``--driver psycopg``: the figures of psycopg 3, the driver SQLAlchemy 2.1 gives the official
+    chart's plain ``postgresql://`` URL; the fenced loop stays one statement and one wire round trip."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "fenced_k8s_lab.bench", "--smoke", "--backend", "emulator",
+                           "--only", "inflight", "--driver", "psycopg", "--json", str(out),
+                           "--workdir", str(tmp_path / "work")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    assert figures["machine"]["driver"] == "psycopg"
+    assert {n: v["fenced"] for n, v in figures["loop_statements_per_sync"].items()} == {"4": 1, "16": 1}
+    assert {n: v["fenced"] for n, v in figures["loop_wire_round_trips_per_sync"].items()} == {"4": 1, "16": 1}

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
     started = time.monotonic()
     workdir = Path(args.workdir) / backend if args.workdir else None
     progress(f"=== backend: {backend} ===")
-    lab = Lab.start(workdir, backend=backend, stock_pagination=args.stock_pagination)
+    lab = Lab.start(workdir, backend=backend, stock_pagination=args.stock_pagination, driver=args.driver)
     lab.profile_dir = Path(args.profile) / backend if args.profile else None
     result: dict = {"backend": backend, "quick": bool(args.quick), "smoke": bool(args.smoke), "config": cfg,
                     "machine": machine()}
@@ -102,6 +102,7 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
     try:
         with lab.engine.connect() as conn:
             result["machine"]["postgresql"] = conn.exec_driver_sql("SHOW server_version").scalar()
+        result["machine"]["driver"] = lab.driver
         result["machine"]["load_before"] = os.getloadavg()
         from airflow.configuration import conf
 
@@ -271,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inflight-sizes", help="override the launches-in-flight sizes, e.g. 10,1000")
     ap.add_argument("--stock-pagination", action="store_true",
                     help="the lab emulator's own list pagination (O(N) per page) instead of the bench's lazy one")
+    ap.add_argument("--driver", choices=("psycopg2", "psycopg"), default="psycopg2",
+                    help="the metadata DB's driver (psycopg: psycopg 3, what the chart's plain postgresql:// URL gets)")
     ap.add_argument("--profile", metavar="DIR", help="cProfile the fenced hot paths (first fenced repetition)")
     ap.add_argument("--workdir", help="where logs and kubeconfigs go (default: a temp dir)")
     ap.add_argument("--airflow-log", metavar="FILE",

@@ -133,7 +133,7 @@ class RoundTrips:
             if name == "begin":
                 sent = not dbapi.autocommit
             else:
-                sent = dbapi.get_transaction_status() != 0  # not TRANSACTION_STATUS_IDLE
+                sent = dbapi.info.transaction_status != 0  # not idle (psycopg2 and psycopg 3 alike)
         except Exception:
             sent = True
         if sent:
@@ -216,6 +216,7 @@ BENCH_USERS = (["admin", "bench", "sweeper", "bench-setup"] + [f"scheduler-{i}" 
 class Lab:
     workdir: Path
     backend: str = "emulator"  # or "real": kube-apiserver + etcd from KUBEBUILDER_ASSETS
+    driver: str = "psycopg2"  # or "psycopg" (3): what SQLAlchemy 2.1 gives the chart's plain postgresql:// URL
     pg: Any = None
     url: str = ""
     engine: Any = None  # our own (NullPool) engine for seeding; not counted
@@ -234,8 +235,9 @@ class Lab:
     # ---- lifecycle
 
     @classmethod
-    def start(cls, workdir: Path | None = None, backend: str = "emulator", stock_pagination: bool = False) -> "Lab":
-        lab = cls(Path(workdir or tempfile.mkdtemp(prefix="fenced-bench-")), backend=backend)
+    def start(cls, workdir: Path | None = None, backend: str = "emulator", stock_pagination: bool = False,
+              driver: str = "psycopg2") -> "Lab":
+        lab = cls(Path(workdir or tempfile.mkdtemp(prefix="fenced-bench-")), backend=backend, driver=driver)
         lab.workdir.mkdir(parents=True, exist_ok=True)
         try:
             lab._start_db()
@@ -278,7 +280,7 @@ class Lab:
 
         progress("starting embedded PostgreSQL from the migrated template")
         self.pg = start_from_template()
-        self.url = new_airflow_db(self.pg)
+        self.url = new_airflow_db(self.pg).replace("+psycopg2://", f"+{self.driver}://", 1)
         os.environ.update(airflow_db_env(self.url))
         os.environ["AIRFLOW__API_AUTH__JWT_SECRET"] = JWT_SECRET
         from airflow import settings
