@@ -21,10 +21,11 @@ KEYS = ("queue_time_ratio", "precreate_round_trips_per_batch", "precreate_wall_r
         "startup_seconds")
 
 
-def test_bench_smoke_writes_all_figures(tmp_path):
+def _smoke(tmp_path, *args: str) -> tuple[str, dict]:
+    """Run ``bench --smoke`` on the emulator with ``args``; its stdout and figures."""
     out = tmp_path / "bench.json"
     proc = subprocess.Popen([sys.executable, "-m", "fenced_k8s_lab.bench", "--smoke", "--backend", "emulator",
-                             "--json", str(out), "--workdir", str(tmp_path / "work")],
+                             *args, "--json", str(out), "--workdir", str(tmp_path / "work")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=600)  # ~1 min on a quiet 2-core machine
@@ -33,6 +34,11 @@ def test_bench_smoke_writes_all_figures(tmp_path):
         stdout, stderr = proc.communicate(timeout=60)
         pytest.fail(f"bench --smoke did not finish in 600 s:\n{stderr[-4000:]}")
     assert proc.returncode == 0, stderr[-4000:]
+    return stdout, json.loads(out.read_text())
+
+
+def test_bench_smoke_writes_all_figures(tmp_path):
+    stdout, figures = _smoke(tmp_path)
     assert "fenced/stock" in stdout  # the summary table
     # both executors log at the shipped logging_level (INFO), to a file rather than the report
     assert "Add task" not in stdout
@@ -40,7 +46,6 @@ def test_bench_smoke_writes_all_figures(tmp_path):
     for logger in ("[fenced_k8s_executor.executor.FencedKubernetesExecutor]",
                    "[airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor]"):
         assert any("[info" in line and "Add task" in line and logger in line for line in lines), logger
-    figures = json.loads(out.read_text())
     for key in KEYS:
         assert key in figures, key
     trips = figures["precreate_round_trips_per_batch"]
@@ -78,12 +83,7 @@ def test_bench_smoke_writes_all_figures(tmp_path):
 def test_bench_runs_on_the_charts_driver(tmp_path):
     """``--driver psycopg``: the figures of psycopg 3, the driver SQLAlchemy 2.1 gives the official
     chart's plain ``postgresql://`` URL; the fenced loop stays one statement and one wire round trip."""
-    out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "fenced_k8s_lab.bench", "--smoke", "--backend", "emulator",
-                           "--only", "inflight", "--driver", "psycopg", "--json", str(out),
-                           "--workdir", str(tmp_path / "work")], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    figures = json.loads(out.read_text())
+    _, figures = _smoke(tmp_path, "--only", "inflight", "--driver", "psycopg")
     assert figures["machine"]["driver"] == "psycopg"
     assert {n: v["fenced"] for n, v in figures["loop_statements_per_sync"].items()} == {"4": 1, "16": 1}
     assert {n: v["fenced"] for n, v in figures["loop_wire_round_trips_per_sync"].items()} == {"4": 1, "16": 1}
