@@ -12,13 +12,16 @@ import functools
 import re
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Mapping
 
 from fenced_k8s_executor.names import (
     DEPLOYMENT_ANNOTATION,
     DEPLOYMENT_LABEL,
     REGION_ANNOTATION,
+    SCHEDULER_HEARTBEAT_ANNOTATION,
     SCHEDULER_JOB_ANNOTATION,
+    SCHEDULER_STARTED_ANNOTATION,
     TI_ID_ANNOTATION,
     TOKEN_ANNOTATION,
     TI_ID_LABEL,
@@ -27,6 +30,8 @@ from fenced_k8s_executor.names import (
 )
 
 POD_NAME_MAX = 63
+#: The longest timestamp annotation read (an ISO 8601 UTC time with microseconds is 32 characters).
+STAMP_MAX = 40
 
 
 #: A launch token as the scheduler writes it (``str(uuid4())``): taken as is, no parse, no cache.
@@ -63,6 +68,26 @@ def task_key(dag_id: str, task_id: str, run_id: str, map_index: int, region: str
 
 
 @dataclass(frozen=True)
+class Launcher:
+    """The scheduler process that launched a pod: its SchedulerJob id and ``start_date``, and a
+    ``latest_heartbeat`` of that job the DB had committed when the pod was built (aware datetimes).
+    A job id alone does not say which process it was, nor that it was alive then: only a delete
+    needs this, and a pod whose launcher is unknown is never deleted for its launcher's sake."""
+
+    job_id: int
+    started: datetime
+    heartbeat: datetime
+
+    def __post_init__(self) -> None:
+        if self.started.utcoffset() is None or self.heartbeat.utcoffset() is None:
+            raise ValueError("Launcher times must be timezone-aware")
+
+    def annotations(self) -> dict[str, str]:
+        return {SCHEDULER_STARTED_ANNOTATION: _utc(self.started).isoformat(),
+                SCHEDULER_HEARTBEAT_ANNOTATION: _utc(self.heartbeat).isoformat()}
+
+
+@dataclass(frozen=True)
 class LaunchIdentity:
     """One launch: the TI row id, its launch token, the try and the scheduler that launched it,
     the task it belongs to and the deployment (metadata DB) that launched it."""
@@ -77,6 +102,7 @@ class LaunchIdentity:
     map_index: int | None = -1  # None: the pod's map_index did not read as one
     deployment: str | None = None
     region: str = ""  # Airflow 3.4 dynamic region ("": none)
+    launcher: Launcher | None = None  # with scheduler_job_id; None: not stamped, or unreadable
 
     # Derived values are cached on the (immutable) instance: every loop asks them of every launch
     # in flight, and a sweep of every pod it lists.
@@ -120,6 +146,8 @@ class LaunchIdentity:
             data[TOKEN_ANNOTATION] = self.token
         if self.scheduler_job_id is not None:
             data[SCHEDULER_JOB_ANNOTATION] = str(self.scheduler_job_id)
+        if self.launcher is not None:
+            data.update(self.launcher.annotations())
         if self.deployment:
             data[DEPLOYMENT_ANNOTATION] = self.deployment
         return data
@@ -213,7 +241,40 @@ def from_pod_metadata(annotations: Mapping[str, str] | None) -> LaunchIdentity |
         map_index=_map_index(annotations.get("map_index")),
         deployment=annotations.get(DEPLOYMENT_ANNOTATION) or None,
         region=str(annotations.get(REGION_ANNOTATION) or "").lower(),
+        launcher=_launcher(annotations.get(SCHEDULER_JOB_ANNOTATION), annotations.get(SCHEDULER_STARTED_ANNOTATION),
+                           annotations.get(SCHEDULER_HEARTBEAT_ANNOTATION)),
     )
+
+
+def _launcher(job_id: object, started: object, heartbeat: object) -> Launcher | None:
+    """The launcher a pod names, or None when any of its three stamps is missing or unreadable:
+    never a reason to call the pod malformed (its launch is judged by its token; only deletes
+    need the launcher, and an unknown one is never deleted for)."""
+    job, began, beat = _job_id(job_id), _stamp(started), _stamp(heartbeat)
+    return Launcher(job, began, beat) if job is not None and began and beat else None
+
+
+def _job_id(value: object) -> int | None:
+    """A SchedulerJob id: a plain decimal number that fits its bigint column."""
+    if not isinstance(value, str) or not (value.isascii() and value.isdigit()):
+        return None
+    number = int(value) if len(value) <= 20 else 2**63
+    return number if number < 2**63 else None
+
+
+def _stamp(value: object) -> datetime | None:
+    """An aware ISO 8601 time as UTC, or None (not a string, too long, naive, or out of range)."""
+    if not isinstance(value, str) or len(value) > STAMP_MAX:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+        return _utc(parsed) if parsed.utcoffset() is not None else None
+    except (ValueError, OverflowError):
+        return None
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(timezone.utc)
 
 
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")

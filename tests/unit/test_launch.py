@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import datetime, timedelta, timezone
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fenced_k8s_executor import verdicts
-from fenced_k8s_executor.launch import LaunchIdentity, as_token, from_pod_metadata, pod_name
-from fenced_k8s_executor.names import (DEPLOYMENT_ANNOTATION, TI_ID_ANNOTATION, TI_ID_LABEL, TOKEN_ANNOTATION, TOKEN_LABEL,
-                                       TRY_NUMBER_ANNOTATION)
+from fenced_k8s_executor.launch import Launcher, LaunchIdentity, as_token, from_pod_metadata, pod_name
+from fenced_k8s_executor.names import (DEPLOYMENT_ANNOTATION, SCHEDULER_HEARTBEAT_ANNOTATION, SCHEDULER_JOB_ANNOTATION,
+                                       SCHEDULER_STARTED_ANNOTATION, TI_ID_ANNOTATION, TI_ID_LABEL, TOKEN_ANNOTATION,
+                                       TOKEN_LABEL, TRY_NUMBER_ANNOTATION)
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -76,3 +79,68 @@ def _parse_or_none(text: str) -> str | None:
                  st.text(max_size=40), st.integers().map(str)))
 def test_as_token_agrees_with_uuid_parsing_whatever_the_spelling(text):
     assert as_token(text) == _parse_or_none(text)
+
+
+STARTED = datetime(2026, 12, 5, 8, 1, 2, 345678, tzinfo=timezone.utc)
+BEAT = datetime(2026, 12, 5, 8, 21, 30, 123456, tzinfo=timezone.utc)
+
+
+def _stamped(**annotations) -> LaunchIdentity:
+    launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1, scheduler_job_id="42",
+                            launcher=Launcher(42, STARTED, BEAT))
+    return from_pod_metadata({**launch.annotations(), **annotations})
+
+
+def test_the_launcher_stamp_round_trips_as_iso_utc():
+    launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1, scheduler_job_id="42",
+                            launcher=Launcher(42, STARTED, BEAT))
+    stamp = launch.annotations()
+    assert stamp[SCHEDULER_STARTED_ANNOTATION] == "2026-12-05T08:01:02.345678+00:00"
+    assert stamp[SCHEDULER_HEARTBEAT_ANNOTATION] == "2026-12-05T08:21:30.123456+00:00"
+    assert stamp[SCHEDULER_JOB_ANNOTATION] == "42"
+    assert from_pod_metadata(stamp) == launch
+    unstamped = LaunchIdentity(ti_id=launch.ti_id, token=launch.token, try_number=1, scheduler_job_id="42")
+    assert SCHEDULER_STARTED_ANNOTATION not in unstamped.annotations()
+    assert from_pod_metadata(unstamped.annotations()).launcher is None
+
+
+def test_the_launcher_is_written_in_utc_whatever_the_zone_it_was_given_in():
+    tokyo = timezone(timedelta(hours=9))
+    launcher = Launcher(7, STARTED.astimezone(tokyo), BEAT.astimezone(tokyo))
+    assert launcher.annotations()[SCHEDULER_STARTED_ANNOTATION] == "2026-12-05T08:01:02.345678+00:00"
+    with pytest.raises(ValueError):
+        Launcher(7, STARTED.replace(tzinfo=None), BEAT)
+
+
+@pytest.mark.parametrize("field, value", [
+    (SCHEDULER_STARTED_ANNOTATION, "yesterday"),
+    (SCHEDULER_STARTED_ANNOTATION, "2026-12-05T08:01:02"),  # naive
+    (SCHEDULER_STARTED_ANNOTATION, "2026-12-05"),  # a date: naive
+    (SCHEDULER_HEARTBEAT_ANNOTATION, "2026-12-05T08:21:30.123456+00:00" + " " * 9),  # 41 characters
+    (SCHEDULER_HEARTBEAT_ANNOTATION, "0001-01-01T00:00:00+01:00"),  # before year 1 in UTC
+    (SCHEDULER_HEARTBEAT_ANNOTATION, ""),
+    (SCHEDULER_HEARTBEAT_ANNOTATION, 1733386890),  # wrong type (a JSON body, a test)
+    (SCHEDULER_HEARTBEAT_ANNOTATION, None),
+    (SCHEDULER_JOB_ANNOTATION, "x"),
+    (SCHEDULER_JOB_ANNOTATION, str(2**63)),
+    (SCHEDULER_JOB_ANNOTATION, "-1"),
+])
+def test_an_unreadable_launcher_stamp_is_no_launcher_and_leaves_the_launch_readable(field, value):
+    launch = _stamped(**{field: value})
+    assert launch.launcher is None
+    assert launch.token is not None and not launch.legacy
+    if field != SCHEDULER_JOB_ANNOTATION:
+        assert launch.malformed is None
+
+
+def test_a_launcher_in_another_zone_reads_as_utc():
+    launch = _stamped(**{SCHEDULER_STARTED_ANNOTATION: "2026-12-05T17:01:02.345678+09:00"})
+    assert launch.launcher == Launcher(42, STARTED, BEAT)
+    assert launch.launcher.started.tzinfo is timezone.utc
+
+
+@given(st.one_of(st.none(), st.integers(), st.text(max_size=60), st.datetimes().map(datetime.isoformat),
+                 st.datetimes(timezones=st.timezones()).map(datetime.isoformat)))
+def test_any_started_stamp_reads_as_an_aware_utc_time_or_no_launcher(value):
+    launcher = _stamped(**{SCHEDULER_STARTED_ANNOTATION: value}).launcher
+    assert launcher is None or launcher.started.tzinfo is timezone.utc
