@@ -1,41 +1,56 @@
 """Which Airflow deployment this is: the id stamped on every pod, and the only pods a fence deletes.
 
-A fence judges a pod against *this* deployment's metadata DB, so "no row for its task" is evidence
-only for pods this deployment launched. The id must therefore name the database itself, not the
-address a scheduler reaches it by: behind a Cloud SQL Auth Proxy or a pgbouncer sidecar, two
-deployments reach two databases at the same ``127.0.0.1:5432/airflow``. Builds before 0.2.0 hashed that address,
-so two such deployments in one namespace deleted each other's current pods.
+The id lives in the metadata database itself, as the Airflow Variable ``ID_VARIABLE``: it travels
+with the data, so the same deployment keeps it through everything operators do to a database
+(a ``pg_upgrade`` or an in-place major upgrade, which gives the cluster a new system identifier;
+a dump and restore or a logical-replication migration; a failover to a replica; a new proxy or
+sidecar address; scheduler restarts; Airflow upgrades). It is written once, by the first fenced
+scheduler to start, and read by every one after it. Its first value continues what builds 0.2.x
+derived (a hash of PostgreSQL's system identifier, the database and the schema; MySQL's
+``server_uuid`` and database; SQLite's path), so pods launched before the upgrade keep their
+stamp; a database that will not say who it is gets a random id instead.
 
-The id, in order:
+In order:
 
 1. ``[fenced_kubernetes_executor] deployment_id`` when set;
-2. else the database's own identity: PostgreSQL's system identifier (unique per cluster, fixed at
-   ``initdb``), the database name and the schema; MySQL's ``server_uuid`` and database; SQLite's
-   absolute file path;
-3. else, when that identity cannot be read (a server that refuses the query), the address, but
-   only when the address names a server: a loopback host or a socket (where proxies and sidecars
-   listen) fails the start, naming ``deployment_id``.
+2. else the stored Variable (written now if absent).
 
-A transient DB error is retried, then fails the start: guessing an id would make this scheduler
-treat its own deployment's pods as foreign (safe, but its fences would go quiet).
+What the stored id cannot tell apart: two deployments whose databases are copies of one another
+(a restored snapshot, a clone, a ``pg_basebackup``, a ``airflow variables import`` of another
+deployment's Variables) carry the same id. No stored fact can separate them, so ownership is
+checked at run time as well: every pod names the scheduler job that launched it and a heartbeat
+of that job, and a fence deletes a pod only when this database knows that launch
+(``launchers.py``). Set ``deployment_id`` (or delete the Variable) on a copy before it starts.
+
+Errors are classified by SQLSTATE (``sqlstate``): a transient one is retried by the caller (a
+scheduler keeps running with deletes waiting); a deterministic refusal (no privilege on the
+Variable table, an unsupported statement) stops the start naming ``deployment_id``, so the fences
+are never quietly off.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
-import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from fenced_k8s_executor import sqlstate
+from fenced_k8s_executor.config import _LABEL_VALUE as LABEL_VALUE
 from fenced_k8s_executor.config import FencedConfig, FencedConfigError
 from fenced_k8s_executor.names import CONFIG_SECTION
 
 log = logging.getLogger("fenced_k8s_executor")
 
-CONFIGURED, DATABASE, ADDRESS = "configured", "database", "address"
-ATTEMPTS, PAUSE = 3, 2.0
+CONFIGURED, STORED = "configured", "stored"
+#: The Airflow Variable holding this deployment's id (visible with ``airflow variables get``).
+ID_VARIABLE = "fenced_k8s_executor.deployment_id"
+ID_DESCRIPTION = (
+    "fenced-k8s-executor: the id this Airflow deployment stamps on its worker pods; its fences delete "
+    "only pods with this id. Never copy it to another deployment: on a restored snapshot or a clone of "
+    "this database, delete it (or set [fenced_kubernetes_executor] deployment_id) before the schedulers start."
+)
 
 
 @dataclass(frozen=True)
@@ -43,8 +58,12 @@ class Deployment:
     """This deployment's id, where it came from, and the id builds before 0.2.0 derived from the address."""
 
     id: str
-    source: str  # CONFIGURED | DATABASE | ADDRESS
+    source: str  # CONFIGURED | STORED
     address_id: str | None = None  # what builds before 0.2.0 stamped (pods carrying it are left alone)
+
+
+class NotStored(LookupError):
+    """No fenced scheduler has stored this deployment's id yet (``resolve(create=False)``)."""
 
 
 def _hashed(*parts: object) -> str:
@@ -59,25 +78,8 @@ def address_id(url: Any) -> str:
 
 
 def identity_id(backend: str, server: str, database: str, schema: str | None) -> str:
-    """The id of one database: its server's own identity, the database and the schema in it."""
+    """The id builds 0.2.x derived for one database: its server's identity, the database and the schema."""
     return _hashed("identity", backend, server, database, schema or "")
-
-
-def local_address(url: Any) -> bool:
-    """True when the address could be a proxy or sidecar on this pod: no host (a socket), a socket
-    path, ``localhost`` or a loopback IP. Two deployments may share such an address."""
-    url = _url(url)
-    hosts = [url.host or ""] + [str(v) for k, v in url.query.items() if k == "host"]
-    for host in hosts:
-        host = host.strip("[]").lower()
-        if not host or host.startswith("/") or host == "localhost" or host.endswith(".localhost"):
-            return True
-        try:
-            if ipaddress.ip_address(host).is_loopback:
-                return True
-        except ValueError:
-            pass
-    return False
 
 
 def _url(url: Any) -> Any:
@@ -92,7 +94,8 @@ class Unreadable(Exception):
 
 def read_identity(engine: Any, schema: str | None = None) -> tuple[str, str, str | None]:
     """(server identity, database, schema) as the database itself reports them. Raises
-    ``Unreadable`` when the server will not say, other errors when it cannot be reached."""
+    ``Unreadable`` when the server deterministically will not say, other errors when it cannot
+    be reached (``sqlstate.transient``)."""
     from sqlalchemy import exc, text
 
     dialect = engine.dialect.name
@@ -113,18 +116,79 @@ def read_identity(engine: Any, schema: str | None = None) -> tuple[str, str, str
     try:
         with engine.connect() as conn:
             server, database, current = conn.execute(text(queries[dialect])).one()
-    except exc.ProgrammingError as error:  # privilege or function missing: deterministic
-        raise Unreadable(str(error.orig).strip().splitlines()[0] if error.orig else str(error)) from error
+    except exc.DBAPIError as error:
+        if sqlstate.transient(error):
+            raise
+        raise Unreadable(sqlstate.describe(error)) from error
     if not server or not database:
         raise Unreadable("the server returned no identity")
     return str(server), str(database), schema or current
 
 
-def resolve(fence: FencedConfig, engine: Any = None, schema: str | None = None, *, attempts: int = ATTEMPTS,
-            pause: float = PAUSE) -> Deployment:
-    """This deployment's id (see the module docstring). Raises ``FencedConfigError`` naming
-    ``deployment_id`` when it must be configured, and the DB error after ``attempts`` tries when the
-    database cannot be reached."""
+def _seed(engine: Any, schema: str | None) -> str:
+    """The first stored id: what 0.2.x derived when the database says who it is (pods launched
+    before the upgrade keep their stamp), else a random one."""
+    try:
+        server, database, schema_name = read_identity(engine, schema)
+        return identity_id(engine.dialect.name, server, database, schema_name)
+    except Unreadable as why:
+        log.warning("fenced_k8s_executor the metadata DB does not report its identity (%s): this deployment's "
+                    "id is a random one", why)
+        return "d-" + uuid.uuid4().hex[:16]
+
+
+def _stored(session: Any) -> Any:
+    from sqlalchemy import select
+
+    from airflow.models.variable import Variable
+
+    return session.scalars(select(Variable).where(Variable.key == ID_VARIABLE)).first()
+
+
+def _checked(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not LABEL_VALUE.match(value.strip()):
+        raise FencedConfigError(
+            f"The Airflow Variable {ID_VARIABLE} ({where}) holds {value!r}, which is not a deployment id (a "
+            f"Kubernetes label value, 1-63 of [A-Za-z0-9-_.] with alphanumeric ends; an undecryptable value "
+            f"reads as None). Delete it to have a new id stored, or set [{CONFIG_SECTION}] deployment_id.")
+    return value.strip()
+
+
+def _read_or_store(engine: Any, schema: str | None, create: bool) -> str:
+    from sqlalchemy import exc
+    from sqlalchemy.orm import Session
+
+    from airflow.models.variable import Variable
+
+    with Session(bind=engine) as session:
+        found = _stored(session)
+        if found is not None:
+            return _checked(found.val, "stored")
+        if not create:
+            raise NotStored(f"no fenced scheduler has stored this deployment's id yet (Variable {ID_VARIABLE})")
+    seed = _seed(engine, schema)
+    with Session(bind=engine) as session:
+        session.add(Variable(key=ID_VARIABLE, val=seed, description=ID_DESCRIPTION))
+        try:
+            session.commit()
+        except exc.IntegrityError:  # another scheduler stored it first: theirs wins
+            session.rollback()
+        else:
+            log.info("fenced_k8s_executor stored this deployment's id %s in the Variable %s", seed, ID_VARIABLE)
+            return seed
+    with Session(bind=engine) as session:
+        found = _stored(session)
+        if found is None:
+            raise NotStored(f"the Variable {ID_VARIABLE} vanished while it was being stored")
+        return _checked(found.val, "stored by another scheduler")
+
+
+def resolve(fence: FencedConfig, engine: Any = None, schema: str | None = None, *, create: bool = True) -> Deployment:
+    """This deployment's id (see the module docstring). ``create=False`` (read-only callers: the
+    CLI) raises ``NotStored`` instead of storing one. A transient DB error is raised as it is (the
+    caller retries); a deterministic refusal raises ``FencedConfigError`` naming ``deployment_id``."""
+    from sqlalchemy import exc
+
     if engine is None:
         from airflow import settings
         from airflow.configuration import conf
@@ -134,24 +198,12 @@ def resolve(fence: FencedConfig, engine: Any = None, schema: str | None = None, 
     old = address_id(engine.url)
     if fence.deployment_id:
         return Deployment(fence.deployment_id, CONFIGURED, old)
-    for attempt in range(1, attempts + 1):
-        try:
-            server, database, schema_name = read_identity(engine, schema)
-            return Deployment(identity_id(engine.dialect.name, server, database, schema_name), DATABASE, old)
-        except Unreadable as why:
-            if local_address(engine.url):
-                raise FencedConfigError(
-                    f"Cannot derive [{CONFIG_SECTION}] deployment_id: the metadata database does not report its "
-                    f"identity ({why}) and its address ({engine.url.host or 'a socket'}) may be a proxy or sidecar "
-                    "that another deployment shares. Set deployment_id to a Kubernetes label value unique to this "
-                    "Airflow deployment (1-63 of [A-Za-z0-9-_.], alphanumeric ends).") from None
-            log.warning("fenced_k8s_executor deployment id derived from the DB address: the database does not "
-                        "report its identity (%s)", why)
-            return Deployment(old, ADDRESS, old)
-        except Exception as error:  # the database could not be reached: retry, then fail the start
-            if attempt == attempts:
-                raise
-            log.warning("fenced_k8s_executor could not read the database identity (attempt %d of %d), retrying "
-                        "in %.0fs: %r", attempt, attempts, pause, error)
-            time.sleep(pause)
-    raise AssertionError("unreachable")
+    try:
+        return Deployment(_read_or_store(engine, schema, create), STORED, old)
+    except exc.SQLAlchemyError as error:
+        if sqlstate.transient(error):
+            raise
+        raise FencedConfigError(
+            f"Cannot read or store this deployment's id in the metadata DB (the Airflow Variable {ID_VARIABLE}): "
+            f"{sqlstate.describe(error)}. Set [{CONFIG_SECTION}] deployment_id to a Kubernetes label value unique "
+            "to this Airflow deployment (1-63 of [A-Za-z0-9-_.], alphanumeric ends).") from None

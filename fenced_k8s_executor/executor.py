@@ -19,8 +19,10 @@ from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils impor
     KubernetesJobWatcher,
 )
 
-from fenced_k8s_executor import (compat, config, deployment, guards, ledger, metrics, pods, provider_compat, stamp,
-                                 verdicts)
+import dataclasses
+
+from fenced_k8s_executor import (compat, config, deployment, guards, ledger, metrics, pods, provider_compat, sqlstate,
+                                 stamp, verdicts)
 from fenced_k8s_executor.fences.common import FAILED, QUEUED, Loop, workload_of
 from fenced_k8s_executor.fences.creation import CreationFence
 from fenced_k8s_executor.fences.events import EventFence
@@ -28,6 +30,7 @@ from fenced_k8s_executor.fences.handover import HandoverFence
 from fenced_k8s_executor.fences.inflight import InFlightFence
 from fenced_k8s_executor.guards import ApiGuard
 from fenced_k8s_executor.launch import LaunchIdentity, as_token, pod_name
+from fenced_k8s_executor.launchers import Launchers
 from fenced_k8s_executor.launches import LaunchBook
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import TOKEN_LABEL
@@ -60,6 +63,9 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         self.fence: config.FencedConfig | None = None
         self.deployment: str | None = None
         self._stamps_of_ours: frozenset[str] = frozenset()  # deployment ids our pods carry (verdicts.foreign)
+        self.launchers = Launchers()  # this database's scheduler jobs: which pods it launched (launchers.py)
+        self._launcher = None  # this scheduler's launcher stamp (launch.Launcher), read each heartbeat interval
+        self._pod_addresses: dict[str, tuple[str, ...]] = {}  # uid -> IPs of pods whose row names an IP host
         self.sweeper: Sweeper | None = None
         self.in_flight_pods: InFlightPods | None = None  # this deployment's unfinished pods, any scheduler's
         self.book = LaunchBook()  # every launch this scheduler has in flight, and its pods
@@ -87,6 +93,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         from airflow.configuration import conf
 
         self._claim_lifetime = conf.getfloat("scheduler", "task_queued_timeout")
+        self._heartbeat_interval = conf.getfloat("scheduler", "scheduler_heartbeat_sec", fallback=5.0)
         self.deployment = self._resolve_deployment()
         super().start()
         install_resilient_watchers(self.kube_scheduler)
@@ -98,17 +105,20 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
                  self.fence.sweep_interval, self.deployment or "- (the metadata DB did not answer yet)")
 
     def _resolve_deployment(self) -> str | None:
-        """This deployment's id (``deployment.resolve``), or None while the metadata DB cannot be read:
-        a DB error never stops the scheduler. Until it is known, pods go out without the deployment
-        stamp (so no fence ever deletes them, the safe direction) and nothing is deleted. A
-        configuration that cannot name this deployment stops the start (FencedConfigError)."""
+        """This deployment's id (``deployment.resolve``), or None while the metadata DB cannot be read
+        (a transient error, by SQLSTATE): that never stops the scheduler. Until it is known, pods go
+        out without the deployment stamp (so no fence ever deletes them, the safe direction) and
+        nothing is deleted. A deterministic refusal, or a configuration that cannot name this
+        deployment, stops the start (FencedConfigError)."""
         try:
-            found = deployment.resolve(self.fence, attempts=1)
+            found = deployment.resolve(self.fence)
         except config.FencedConfigError:
             raise
         except Exception as error:
-            log.warning("fenced_k8s_executor cannot read the metadata DB's identity yet, deletes wait for it: %r",
-                        error)
+            if not sqlstate.transient(error):
+                raise
+            log.warning("fenced_k8s_executor cannot read this deployment's id from the metadata DB yet, deletes "
+                        "wait for it: %s", sqlstate.describe(error))
             metrics.incr("deployment.unresolved")
             return None
         self._stamps_of_ours = frozenset(filter(None, (found.id, found.address_id)))
@@ -127,6 +137,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         if not self.in_flight_pods.start(wait=IN_FLIGHT_LIST_WAIT):
             log.warning("fenced_k8s_executor started before this deployment's pods in flight could be listed: "
                         "they are re-checked once the API answers")
+        self._survey_launchers((ref.name, ref.launch) for ref in self.in_flight_pods.view.unsettled())
         if self.fence.sweep_interval > 0:
             self.sweeper = Sweeper(
                 kube_client=self.kube_client,
@@ -137,7 +148,51 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
                 deployment=self.deployment,
                 request_args=self.kube_config.kube_client_request_args,
                 on_stale=lambda ref: self.book.remember(ref.name, ref.launch),
+                launchers=self.launchers,
             )
+
+    def _survey_launchers(self, pods_and_launches: Any) -> None:
+        """Look for pods another database launched under this deployment's id before the first
+        loop judges any (``Launchers.survey``); a DB error leaves it to the deletes' own checks."""
+        try:
+            self.launchers.survey(pods_and_launches, self.deployment)
+        except Exception as error:  # noqa: BLE001 - every delete checks its pod's launcher again
+            log.warning("fenced_k8s_executor could not check the launchers of the pods in flight: %r", error)
+
+    def _owned(self, launch: LaunchIdentity | None, pod: str) -> bool | None:
+        """Did this deployment launch the pod (``verdicts.owned`` with this database's scheduler
+        jobs)? None when the jobs could not be read: no evidence, delete nothing now."""
+        try:
+            return self.launchers.owned(launch, self.deployment, pod)
+        except Exception as error:  # noqa: BLE001 - a DB error is never evidence
+            log.warning("fenced_k8s_executor could not read the launcher of pod %s, left for a later check: %r",
+                        pod, error)
+            return None
+
+    def _delete_verdict(self, launch: LaunchIdentity | None, row: Any, pod: str,
+                        addresses: tuple[str, ...] = ()) -> verdicts.Verdict | None:
+        """``verdicts.should_delete`` with this database's facts about the pod's launcher; None when
+        they could not be read (no evidence: nothing is deleted now)."""
+        if not verdicts.is_stale(launch, row).act:
+            return verdicts.is_stale(launch, row)
+        try:
+            job = self.launchers.job_of(launch)
+            self.launchers.check(launch, self.deployment, job, pod)
+        except Exception as error:  # noqa: BLE001 - a DB error is never evidence
+            log.warning("fenced_k8s_executor could not read the launcher of pod %s, left for a later check: %r",
+                        pod, error)
+            return None
+        return verdicts.should_delete(launch, row, self.deployment, (pod, *addresses), job, self.launchers.collision)
+
+    def _refresh_launcher(self) -> None:
+        """This scheduler's launcher stamp, read again once per heartbeat interval while it creates
+        pods: the fresher the heartbeat a pod names, the sooner a copy of this database stops
+        taking it for its own. A DB error keeps the one before."""
+        try:
+            self._launcher = self.launchers.own(self._scheduler_job_int(), self._heartbeat_interval)
+        except Exception as error:  # noqa: BLE001 - the stamp is ownership evidence, never a gate
+            log.warning("fenced_k8s_executor could not read this scheduler's job row for its launcher stamp: %r",
+                        error)
 
     def _await_deployment(self) -> None:
         """A deployment id the start could not read: tried again once per loop."""
@@ -243,7 +298,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         workload = workload_of(job.command)
         if workload is None:
             return pod
-        launch = self._launch_of_workload(workload)
+        launch = dataclasses.replace(self._launch_of_workload(workload), launcher=self._launcher)
         program = None
         if self._enforcing and launch.token and self.fence.worker_entrypoint:
             from fenced_k8s_executor import worker
@@ -352,19 +407,23 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         already terminating); None: could not tell (API error), try again later.
         """
         try:
-            ref = pods.read_ref(self.kube_client, name, namespace, self._api_args)
+            found = pods.read_with_addresses(self.kube_client, name, namespace, self._api_args)
         except Exception as error:
             if guards.is_api_error(error):
                 guards.report("read", error, then=f"pod {namespace}/{name} checked again later")
             else:
                 log.warning("fenced_k8s_executor could not read pod %s/%s: %r", namespace, name, error)
             return None
-        if ref is None:
+        if found is None:
             return True
+        ref, addresses = found
         if ref.deleting or ref.launch is None or ref.launch.token != launch.token:
             return False
-        if not verdicts.owned(ref.launch, self.deployment):
-            return False
+        if verdicts.names_host(row, addresses):
+            return False  # the row names this pod by its IP: it ran the task and is finishing
+        owned = self._owned(ref.launch, f"{namespace}/{name}")
+        if not owned:
+            return owned
         deleted = pods.delete(self.kube_client, ref, self._api_args)
         if deleted is None:
             return None  # API error: the caller keeps the launch for another look
@@ -385,7 +444,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
     def _retire_finished_pod(self, name: str, namespace: str, launch: LaunchIdentity, state: Any) -> None:
         """A finished pod of a stale launch: clean it up exactly as the stock executor would
         (``delete_worker_pods`` / ``delete_worker_pods_on_failure``), if this deployment owns it."""
-        if not verdicts.owned(launch, self.deployment):
+        if not self._owned(launch, f"{namespace}/{name}"):
             return
         if self.kube_config.delete_worker_pods:
             if state != FAILED or self.kube_config.delete_worker_pods_on_failure:

@@ -26,6 +26,7 @@ from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import TRANSI
 
 from fenced_k8s_executor import metrics, verdicts
 from fenced_k8s_executor.launch import from_pod_metadata
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import annotations_to_key
 
 log = logging.getLogger("fenced_k8s_executor")
 
@@ -160,15 +161,25 @@ class ApiGuard:
             self._last_completed_pod_adoption = float("-inf")  # due again on the next loop
 
     def _list_pods(self, query_kwargs: dict) -> list:
-        """Stock's listing, less the pods another deployment stamped (``verdicts.foreign``): the
-        provider's revoke picks one pod by DAG, task, run and this scheduler's job id, and its
+        """Stock's listing, less the pods another deployment launched (``verdicts.hidden_from_provider``):
+        the provider's revoke picks one pod by DAG, task, run and this scheduler's job id, and its
         adoption relabels pods by a dead scheduler's job id; in a shared namespace both can match
-        another deployment's pods."""
+        another deployment's pods. Hidden only on positive evidence: a pod this database launched,
+        or the very launch a TI being adopted names, stays whatever its deployment stamp says."""
         found = super()._list_pods(query_kwargs)
+        launches = [from_pod_metadata(pod.metadata.annotations) for pod in found]
+        try:
+            jobs = self.launchers.facts(launches)
+        except Exception as error:  # noqa: BLE001 - without the jobs, only the stamps can speak
+            log.warning("fenced_k8s_executor could not read the launchers of %d listed pods: %r", len(found), error)
+            jobs = {}
         kept = []
-        for pod in found:
-            launch = from_pod_metadata(pod.metadata.annotations)
-            if not verdicts.foreign(launch, self._stamps_of_ours):
+        for pod, launch in zip(found, launches):
+            job = jobs.get(launch.launcher.job_id) if launch is not None and launch.launcher is not None else None
+            adopting = self._adopting.get(annotations_to_key(pod.metadata.annotations)) if self._adopting else None
+            if not verdicts.hidden_from_provider(launch, self._stamps_of_ours, self.deployment, job,
+                                                 self.launchers.collision, self.launchers.last_job_id,
+                                                 getattr(adopting, "external_executor_id", None)):
                 kept.append(pod)
                 continue
             metrics.decision("pod.foreign", path="provider_list", reason="other_deployment", enforced=self._enforcing,
@@ -235,18 +246,17 @@ class ApiGuard:
                 "field_selector": "status.phase!=Succeeded",
                 "label_selector": f"kubernetes_executor=True,airflow-worker={label},{POD_EXECUTOR_DONE_KEY}!=True",
             }
+            flush = dict(orphans)
+            adopting, self._adopting = self._adopting, dict(orphans)
             try:
                 found = self._list_pods(query)
+                for pod in found:
+                    self.adopt_launched_task(self.kube_client, pod, flush)
             except Exception as error:
                 if not is_api_error(error):
                     raise
                 report("adoption", error, then=f"{len(orphans)} pods of scheduler {job_id} relabelled next loop")
                 return
-            flush = dict(orphans)
-            adopting, self._adopting = getattr(self, "_adopting", {}), dict(orphans)
-            try:
-                for pod in found:
-                    self.adopt_launched_task(self.kube_client, pod, flush)
             finally:
                 self._adopting = adopting
             for key in orphans:

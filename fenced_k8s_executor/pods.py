@@ -63,13 +63,23 @@ def _as_dict(value: Any) -> dict[str, str]:
 
 def read_ref(kube_client: Any, name: str, namespace: str, request_args: Mapping | None = None) -> PodRef | None:
     """Read one pod's identity; None when it no longer exists. Other API errors raise."""
+    found = read_with_addresses(kube_client, name, namespace, request_args)
+    return None if found is None else found[0]
+
+
+def read_with_addresses(kube_client: Any, name: str, namespace: str,
+                        request_args: Mapping | None = None) -> tuple[PodRef, tuple[str, ...]] | None:
+    """As ``read_ref``, with the pod's IPs: what a ``[core] hostname_callable`` that reports the
+    host's IP (``airflow.utils.net.get_host_ip_address``) writes into the task's row at ``/run``."""
     try:
         pod = kube_client.read_namespaced_pod(name=name, namespace=namespace, **(request_args or {}))
     except ApiException as error:
         if error.status == 404:
             return None
         raise
-    return ref_from_metadata(pod.metadata)
+    status = getattr(pod, "status", None)
+    ips = [getattr(status, "pod_ip", None)] + [getattr(p, "ip", None) for p in getattr(status, "pod_i_ps", None) or []]
+    return ref_from_metadata(pod.metadata), tuple(dict.fromkeys(ip for ip in ips if ip))
 
 
 def delete(kube_client: Any, ref: PodRef, request_args: Mapping | None = None) -> bool | None:

@@ -62,6 +62,8 @@ class CreationFence:
             return
         launches = {id(job): self._launch_of_job(job) for job in jobs}
         tasks = {launch.task for launch in launches.values() if launch is not None}
+        if tasks:
+            self._refresh_launcher()
         try:
             with metrics.timed("fence_check.duration", path="pre_create"):
                 rows = self._rows_for(tasks)

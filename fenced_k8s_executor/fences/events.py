@@ -133,8 +133,8 @@ class EventFence:
         """A stale launch's event never reaches the scheduler; its pod goes (a running one now,
         a finished one by the stock clean-up rules) and its slot is freed as stock would free it."""
         if results.state == RUNNING:
-            delete = verdicts.should_delete(launch, row, self.deployment, results.pod_name)
-            if delete.act:
+            delete = self._delete_verdict(launch, row, f"{results.namespace}/{results.pod_name}")
+            if delete is not None and delete.act:
                 self._delete_launch_pod(results.pod_name, results.namespace, launch, "state_change", delete, row)
         elif results.state != ADOPTED:
             self._retire_finished_pod(results.pod_name, results.namespace, launch, results.state)

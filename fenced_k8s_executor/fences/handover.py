@@ -99,7 +99,8 @@ class HandoverFence:
         deployment launched it and it has not finished (a finished one is left as stock leaves it)."""
         phase = getattr(getattr(pod, "status", None), "phase", None)
         deleted = False
-        if self._enforcing and verdicts.owned(ref.launch, self.deployment) and phase not in ("Succeeded", "Failed"):
+        if self._enforcing and phase not in ("Succeeded", "Failed") and self._owned(
+                ref.launch, f"{ref.namespace}/{ref.name}"):
             deleted = pods.delete(kube_client, ref, self._api_args)
         metrics.decision(
             "adoption.refused",
@@ -134,7 +135,7 @@ class HandoverFence:
                     for ref in page:
                         if ref.deleting or ref.launch is None or ref.launch.ti_id != str(ti.id):
                             continue
-                        if not verdicts.owned(ref.launch, self.deployment):
+                        if not self._owned(ref.launch, f"{ref.namespace}/{ref.name}"):
                             continue
                         deleted = False
                         if self._enforcing:

@@ -156,9 +156,18 @@ class InFlightFence:
                                  launch=short(ref.launch.token), current=short(row.token if row else None))
 
     def _fence_in_flight(self, f: Flying, row: Any) -> None:
-        verdict = verdicts.should_delete(f.launch, row, self.deployment, f.name)
-        if not verdict.act:
+        verdict = self._delete_verdict(f.launch, row, f.name)
+        if verdict is None or not verdict.act:
             return
+        if f.uid is not None and verdicts.host_unresolved(row, f.name):
+            # The row names a host that is not this pod's name (a hostname_callable that reports
+            # IPs): decide again with the pod's addresses, read once per pod.
+            addresses = self._addresses_of(f)
+            if addresses is None:
+                return  # API error: re-checked next loop
+            verdict = self._delete_verdict(f.launch, row, f.name, addresses)
+            if verdict is None or not verdict.act:
+                return
         if not self._enforcing:
             metrics.decision("pod.stale", path="reconcile", reason=verdict.reason.value, enforced=False,
                              **self._fields(f, row))
@@ -183,6 +192,21 @@ class InFlightFence:
         key = f.key if f.key is not None else self.book.key_held_by(f.launch)
         if key is not None:  # the provider reports nothing for a deleted Pending pod: free its slot here
             self._release(key, f.launch)
+
+    def _addresses_of(self, f: Flying) -> tuple[str, ...] | None:
+        """The pod's IPs (a pod keeps them for its life: cached by uid); None on an API error."""
+        cache = self._pod_addresses
+        if f.uid in cache:
+            return cache[f.uid]
+        try:
+            found = pods.read_with_addresses(self.kube_client, f.name, f.namespace, self._api_args)
+        except Exception as error:  # noqa: BLE001 - no evidence either way
+            log.warning("fenced_k8s_executor could not read pod %s/%s: %r", f.namespace, f.name, error)
+            return None
+        if len(cache) > 10_000:
+            cache.clear()
+        cache[f.uid] = () if found is None or found[0].uid != f.uid else found[1]
+        return cache[f.uid]
 
     def _settle(self, f: Flying) -> None:
         """Decided: not offered again (until a new object takes the name)."""

@@ -23,28 +23,6 @@ def test_address_id_is_what_0_1_0_derived_and_ignores_credentials():
     assert "secret" not in a and a.startswith("db-")
 
 
-@pytest.mark.parametrize("url", [
-    "postgresql://u:p@127.0.0.1:5432/airflow",  # Cloud SQL Auth Proxy, pgbouncer sidecar
-    "postgresql://u:p@127.8.9.1/airflow",
-    "postgresql://u:p@localhost:6432/airflow",
-    "postgresql://u:p@[::1]:5432/airflow",
-    "postgresql://u:p@/airflow",  # the default socket
-    "postgresql://u:p@/airflow?host=/cloudsql/project:region:instance",
-    "mysql+mysqldb://u:p@localhost/airflow",
-])
-def test_loopback_and_socket_addresses_may_be_shared(url):
-    assert deployment.local_address(url)
-
-
-@pytest.mark.parametrize("url", [
-    "postgresql://u:p@db.example:5432/airflow",
-    "postgresql://u:p@10.1.2.3:5432/airflow",
-    "postgresql://u:p@airflow-postgresql.airflow.svc.cluster.local/airflow",
-])
-def test_a_server_address_is_not_local(url):
-    assert not deployment.local_address(url)
-
-
 @pytest.mark.parametrize("value", ["prod-eu", "a", "team.a_1"])
 def test_explicit_deployment_id_accepted(value):
     assert config.parse({"deployment_id": value}).deployment_id == value
