@@ -165,10 +165,14 @@ class World:
         proc = subprocess.Popen([sys.executable, str(script), kind, self.dag_id, self.run_id, hostname], env=env,
                                 stdout=subprocess.PIPE, stderr=open(self.tmp_path / f"{user}.log", "wb"),
                                 start_new_session=True, text=True)
-        for line in proc.stdout:  # Airflow logs to stdout too
-            if line.startswith(READY):
-                break
-        else:
+        with open(self.tmp_path / f"{user}.out", "a") as out:
+            for line in proc.stdout:  # Airflow logs to stdout too: kept in its .out file
+                out.write(line)
+                if line.startswith(READY):
+                    break
+            else:
+                line = None
+        if line is None:
             proc.wait(timeout=10)
             raise RuntimeError(f"child scheduler exited: {(self.tmp_path / f'{user}.log').read_text()[-3000:]}")
         ready, _ = json.JSONDecoder().raw_decode(line[len(READY):])  # a log line may follow on the same line
