@@ -122,7 +122,8 @@ def failure(error: BaseException) -> str:
     if isinstance(error, MaxRetryError):
         pool = getattr(error, "pool", None)
         where = f" at {pool.scheme}://{pool.host}:{pool.port}" if pool is not None else ""
-        return f"the Kubernetes API server{where} did not answer: {first_line(error.reason).rpartition('>: ')[2]}"
+        reason = first_line(error.reason).rpartition(">: ")[2]  # urllib3 1.x opens with the connection's repr
+        return f"the Kubernetes API server{where} did not answer: {reason}"
     if isinstance(error, HTTPError):
         return f"the Kubernetes API server did not answer: {first_line(error)}"
     if isinstance(error, SQLAlchemyError):

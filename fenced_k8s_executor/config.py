@@ -14,7 +14,7 @@ import enum
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 from fenced_k8s_executor.names import CONFIG_SECTION
 
@@ -236,7 +236,7 @@ def parse(raw: dict[str, str]) -> FencedConfig:
     )
 
 
-def load(conf: Any, environ: Mapping[str, str] | None = None) -> FencedConfig:
+def load(conf: Any) -> FencedConfig:
     """Read the section from an Airflow config object (global ``conf`` or a team ``ExecutorConf``).
 
     The whole section is read through ``getsection`` (the configuration file and the environment,
@@ -245,9 +245,8 @@ def load(conf: Any, environ: Mapping[str, str] | None = None) -> FencedConfig:
     found is named in one error."""
     from airflow.configuration import conf as airflow_conf
 
-    environ = os.environ if environ is None else environ
-    keys = {name[len(OUR_ENV_PREFIX):].lower() for name in environ if name.startswith(OUR_ENV_PREFIX)}
-    problems = misnamed_variables(environ)
+    keys = {name[len(OUR_ENV_PREFIX):].lower() for name in os.environ if name.startswith(OUR_ENV_PREFIX)}
+    problems = misnamed_variables(os.environ)
     problems += misnamed_sections(airflow_conf.sections(), getattr(airflow_conf, "configuration_description", ()))
     try:
         keys |= set(conf.getsection(CONFIG_SECTION) or ())
