@@ -19,7 +19,7 @@ FROM apache/airflow:3.3.2-python3.11 AS runtime
 USER airflow
 COPY --chown=airflow:0 dist/fenced_k8s_executor-0.2.0-py3-none-any.whl .ci/constraints.txt /tmp/
 RUN pip install --no-cache-dir "apache-airflow==3.3.2" /tmp/fenced_k8s_executor-0.2.0-py3-none-any.whl --constraint /tmp/constraints.txt
-RUN python -c "import fenced_k8s_executor; fenced_k8s_executor.FencedKubernetesExecutor"
+RUN python -c "import fenced_k8s_executor; fenced_k8s_executor.FencedKubernetesExecutor" && rm /tmp/fenced_k8s_executor-0.2.0-py3-none-any.whl /tmp/constraints.txt
 
 # ---------------------------------------------------------------------------------------------
 # Reproduction DAG for the kind scenarios (tests/kind). Baked in (LocalDagBundle at

@@ -28,7 +28,7 @@ def test_parses_the_repos_dockerfile():
     compile(heredocs["/opt/airflow/dags/fenced_repro.py"], "fenced_repro.py", "exec")
     pip, check = [i.args for i in instrs if i.cmd == "RUN"]  # the recipe: tests/image/test_install_recipe.py
     assert pip.startswith("pip install") and "\\" not in pip and pip.endswith("--constraint /tmp/constraints.txt")
-    assert check.endswith("fenced_k8s_executor.FencedKubernetesExecutor\"")
+    assert 'fenced_k8s_executor.FencedKubernetesExecutor" && rm /tmp/' in check  # no build leftovers
 
 
 def test_continuations_comments_and_heredoc_delimiters():

@@ -69,6 +69,8 @@ def test_the_recipe_pins_this_version_and_what_its_constraints_pin():
     assert base.args.removesuffix(" AS runtime") == f"apache/airflow:{pinned}-python{STANDIN_PYTHON}"
     wheel = f"fenced_k8s_executor-{fenced_k8s_executor.__version__}-py3-none-any.whl"
     assert f"dist/{wheel}" in copy.args.split() and f"/tmp/{wheel}" in pip.args.split()
+    cleanup = [i.args for i in _runtime_stage() if i.cmd == "RUN" and " rm " in i.args]
+    assert cleanup and cleanup[-1].endswith(f"rm /tmp/{wheel} /tmp/constraints.txt")  # nothing left in /tmp
 
 
 def test_the_readme_pip_install_line_installs_into_a_fresh_venv(tmp_path):
@@ -98,7 +100,7 @@ def test_the_readme_pip_install_line_installs_into_a_fresh_venv(tmp_path):
     assert found.returncode == 0, found.stderr[-3000:]
     import fenced_k8s_executor
 
-    pins = dict(pin.split("==") for pin in (image_tmp / "constraints.txt").read_text().splitlines() if "==" in pin)
+    pins = dict(pin.split("==") for pin in (ROOT / ".ci" / "constraints.txt").read_text().splitlines() if "==" in pin)
     assert found.stdout.split() == [pins["apache-airflow"], pins["apache-airflow-providers-cncf-kubernetes"],
                                     fenced_k8s_executor.__version__]
     checked = subprocess.run([str(venv / "bin" / "pip"), "check"], env=env, capture_output=True, text=True, timeout=300)
