@@ -1,25 +1,25 @@
 # syntax=docker/dockerfile:1.7
-# Airflow image with fenced-k8s-executor baked in.
+# Airflow image with fenced-k8s-executor baked in. The wheel is built first (the README's recipe):
 #
-#   docker build -t fenced-k8s-executor:dev .                      # runtime image (production base)
-#   docker build --target kind -t fenced-k8s-executor:dev .        # + the reproduction DAG (kind-config/up.sh)
+#   pip wheel --no-deps . -w dist
+#   docker build --target runtime -t fenced-k8s-executor:runtime .   # runtime image (production base)
+#   docker build --target kind -t fenced-k8s-executor:dev .          # + the reproduction DAG (kind-config/up.sh)
 #   kind load docker-image fenced-k8s-executor:dev --name fenced-k8s
 #
 # The same image serves both flavours of the kind lab: the stock flavour simply does not
 # configure the fenced executor (helm-values/stock-ha.yaml), so the comparison is like for like.
-ARG AIRFLOW_IMAGE_TAG=3.3.2
-FROM apache/airflow:${AIRFLOW_IMAGE_TAG} AS runtime
-
-# Re-declare after FROM so the value is visible inside this stage.
-ARG AIRFLOW_IMAGE_TAG=3.3.2
-# Pin airflow in the same pip call so resolving our dependencies can never up- or downgrade
-# the Airflow that the base image ships (the cncf-kubernetes provider is moved into the supported
-# 10.23.0-10.25.x range by our own requirements if it is outside it; docs/versions.md).
+#
+# The runtime stage is the README's install recipe, instruction for instruction
+# (tests/image/test_install_recipe.py keeps them one, and runs its pip line in CI). It pins
+# Airflow in the same pip call, so installing the package can never move the Airflow the base
+# image ships, against this repository's constraints file (.ci/constraints.txt: Airflow 3.3.2,
+# cncf-kubernetes 10.25.0, resolved for Python 3.11, hence the python3.11 image); for another
+# Airflow release, change the tag, the pin and the constraints file together (docs/operations.md).
+FROM apache/airflow:3.3.2-python3.11 AS runtime
 USER airflow
-COPY --chown=airflow:0 . /tmp/fenced-k8s-executor
-RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_IMAGE_TAG%%-*}" /tmp/fenced-k8s-executor \
-    && rm -rf /tmp/fenced-k8s-executor \
-    && python -c "import fenced_k8s_executor; fenced_k8s_executor.FencedKubernetesExecutor"
+COPY --chown=airflow:0 dist/fenced_k8s_executor-0.2.0-py3-none-any.whl .ci/constraints.txt /tmp/
+RUN pip install --no-cache-dir "apache-airflow==3.3.2" /tmp/fenced_k8s_executor-0.2.0-py3-none-any.whl --constraint /tmp/constraints.txt
+RUN python -c "import fenced_k8s_executor; fenced_k8s_executor.FencedKubernetesExecutor" && rm /tmp/fenced_k8s_executor-0.2.0-py3-none-any.whl /tmp/constraints.txt
 
 # ---------------------------------------------------------------------------------------------
 # Reproduction DAG for the kind scenarios (tests/kind). Baked in (LocalDagBundle at

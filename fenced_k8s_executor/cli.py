@@ -96,7 +96,59 @@ def survey(kube_client: Any, namespaces: Iterable[str | None], deployment: Any, 
     return sorted(out, key=lambda r: (r["enforce would"] != DELETE, r["standing"], r["namespace"], r["pod"]))
 
 
+def failure(error: BaseException) -> str:
+    """The one line ``airflow fenced-k8s pods`` answers a failure with: what could not be reached or
+    read, and the error's own first line (never a traceback: the operator runs this by hand, often
+    in a container that is only half configured)."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+    from sqlalchemy.exc import SQLAlchemyError
+    from urllib3.exceptions import HTTPError, MaxRetryError
+
+    from fenced_k8s_executor.config import FencedConfigError
+
+    def first_line(what: object) -> str:
+        text = str(what).strip()
+        line = text.splitlines()[0].strip() if text else type(what).__name__
+        return line if len(line) <= 300 else line[:297] + "..."
+
+    if isinstance(error, FencedConfigError):
+        return str(error)  # one line, naming every option and name it refuses
+    if isinstance(error, ConfigException):
+        return (f"no Kubernetes client configuration ({first_line(error)}): set [kubernetes_executor] config_file "
+                "and in_cluster = False, or run it in a pod whose service account may list pods")
+    if isinstance(error, ApiException):
+        return f"the Kubernetes API server answered {error.status} {error.reason}"
+    if isinstance(error, MaxRetryError):
+        pool = getattr(error, "pool", None)
+        where = f" at {pool.scheme}://{pool.host}:{pool.port}" if pool is not None else ""
+        reason = first_line(error.reason).rpartition(">: ")[2]  # urllib3 1.x opens with the connection's repr
+        return f"the Kubernetes API server{where} did not answer: {reason}"
+    if isinstance(error, HTTPError):
+        return f"the Kubernetes API server did not answer: {first_line(error)}"
+    if isinstance(error, SQLAlchemyError):
+        return f"the metadata database could not be read: {first_line(getattr(error, 'orig', None) or error)}"
+    return f"{type(error).__name__}: {first_line(error)}"
+
+
 def pods_command(args: Any) -> None:
+    """Any failure answers in one line on stderr and exit code 1 (``failure``). The kubernetes
+    client's retry warnings (ten against an API server that does not answer) are held back while
+    it runs: the answer names the cause once."""
+    import logging
+
+    retries = logging.getLogger("urllib3.connectionpool")
+    level = retries.level
+    retries.setLevel(logging.ERROR)
+    try:
+        _pods(args)
+    except Exception as error:
+        raise SystemExit(f"airflow {GROUP} pods: {failure(error)}") from None
+    finally:
+        retries.setLevel(level)
+
+
+def _pods(args: Any) -> None:
     from airflow.cli.simple_table import AirflowConsole
     from airflow.configuration import conf
     from airflow.providers.cncf.kubernetes.kube_client import get_kube_client

@@ -2,14 +2,19 @@
 
 Bad values fail loudly at start (naming the option and the accepted values) rather than
 silently falling back: a fence that is quietly off is worse than a scheduler that won't start.
+So do names that miss the section: an option it does not know, and an environment variable or
+configuration section named close to it (``AIRFLOW__FENCED_KUBERNETES__MODE=audit``), which Airflow
+would never hand to the executor, leaving it in enforce during the rollout phase meant to observe.
 """
 
 from __future__ import annotations
 
+import difflib
 import enum
+import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from fenced_k8s_executor.names import CONFIG_SECTION
 
@@ -19,7 +24,7 @@ class Mode(str, enum.Enum):
 
     ENFORCE = "enforce"  # decide, report and act (drop jobs, swallow events, delete pods)
     AUDIT = "audit"  # decide and report exactly as enforce, but act like the stock executor
-    OFF = "off"  # the stock executor, plus pod identity metadata
+    OFF = "off"  # the stock executor: new pods carry no fencing metadata
 
 
 class FencedConfigError(ValueError):
@@ -114,13 +119,101 @@ def _parse_deployment_id(raw: str) -> str:
     return text
 
 
+def _nearest_option(key: str) -> str | None:
+    found = difflib.get_close_matches(key, OPTIONS, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def unknown_options(keys: Iterable[str]) -> list[str]:
+    """One problem per key the section holds that is not an option, naming the nearest option."""
+    problems = []
+    for key in sorted(set(keys) - set(OPTIONS)):
+        nearest = _nearest_option(key)
+        hint = f"did you mean {nearest!r}? " if nearest else ""
+        problems.append(f"unknown [{CONFIG_SECTION}] option {key!r}: {hint}accepted options: {', '.join(OPTIONS)}")
+    return problems
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+#: A section name at most this many edits from ours is taken for a typo of it.
+SECTION_EDITS = 3
+
+
+def near_our_section(name: str) -> bool:
+    """Whether a section name reads as ours mistyped: it is ours in another spelling (case,
+    hyphens), starts with ``fenced`` (``fenced_k8s_executor``, ``fenced_kubernetes``) or is a few
+    edits from it. Ours itself is not near."""
+    text = name.lower()
+    if text == CONFIG_SECTION:
+        return False
+    return text.startswith("fence") or _edits(text.replace("-", "_"), CONFIG_SECTION) <= SECTION_EDITS
+
+
+_ENV_PREFIX = "AIRFLOW__"
+OUR_ENV_PREFIX = f"{_ENV_PREFIX}{CONFIG_SECTION.upper()}__"
+
+
+def _suggested_variable(prefix: str, section: str, key: str) -> str:
+    if not key and section.startswith(CONFIG_SECTION + "_"):  # AIRFLOW__FENCED_KUBERNETES_EXECUTOR_MODE
+        key = section[len(CONFIG_SECTION) + 1:]
+    option = key if key in OPTIONS else _nearest_option(key) or "<option>"
+    return f"{prefix}{CONFIG_SECTION.upper()}__{option.upper()}"
+
+
+def misnamed_variables(names: Iterable[str]) -> list[str]:
+    """One problem per environment variable that reads as one of our options but that Airflow
+    never hands to the executor: a section named close to ours, ours with a wrong prefix or case,
+    or a team's variable (``AIRFLOW__<TEAM>___<SECTION>__<KEY>``) naming no option. Variables
+    under our exact prefix are options, judged by ``unknown_options``."""
+    problems = []
+    for name in sorted(names):
+        if name.startswith(OUR_ENV_PREFIX) or not name.upper().startswith("AIRFLOW_"):
+            continue
+        rest = name.upper()[len("AIRFLOW"):].lstrip("_")
+        team, teamed, after_team = rest.partition("___")
+        readings = [(f"{_ENV_PREFIX}{team}___", after_team)] if teamed else []
+        for prefix, reading in readings + [(_ENV_PREFIX, rest)]:
+            section, _, key = reading.lower().partition("__")
+            if section == CONFIG_SECTION and name == prefix + reading and key in OPTIONS:
+                break  # a team's option, spelled as Airflow reads it
+            if section == CONFIG_SECTION or near_our_section(section):
+                problems.append(f"environment variable {name} is not read as a [{CONFIG_SECTION}] option; "
+                                f"did you mean {_suggested_variable(prefix, section, key)}?")
+                break
+    return problems
+
+
+def misnamed_sections(sections: Iterable[str], known: Iterable[str] = ()) -> list[str]:
+    """One problem per configuration-file section named close to ours (a team's section,
+    ``<team>=<section>``, by its section), unless Airflow itself knows the section."""
+    known = set(known)
+    problems = []
+    for name in sorted(sections):
+        team, _, section = name.rpartition("=")
+        if name not in known and near_our_section(section):
+            ours = f"{team}={CONFIG_SECTION}" if team else CONFIG_SECTION
+            problems.append(f"configuration section [{name}] is not read by fenced-k8s-executor; did you mean [{ours}]?")
+    return problems
+
+
+def _refuse(problems: list[str]) -> FencedConfigError:
+    return FencedConfigError("Invalid fenced-k8s-executor configuration: " + "; ".join(problems))
+
+
 def parse(raw: dict[str, str]) -> FencedConfig:
     """Build a FencedConfig from raw option strings (missing options take their defaults)."""
-    unknown = set(raw) - set(OPTIONS)
-    if unknown:
-        raise FencedConfigError(
-            f"Unknown [{CONFIG_SECTION}] option(s) {sorted(unknown)}; accepted options: {sorted(OPTIONS)}"
-        )
+    problems = unknown_options(raw)
+    if problems:
+        raise _refuse(problems)
     value = {name: raw.get(name, default) for name, (default, _) in OPTIONS.items()}
     mode_text = value["mode"].strip().lower()
     try:
@@ -144,7 +237,24 @@ def parse(raw: dict[str, str]) -> FencedConfig:
 
 
 def load(conf: Any) -> FencedConfig:
-    """Read the section from an Airflow config object (global ``conf`` or a team ``ExecutorConf``)."""
+    """Read the section from an Airflow config object (global ``conf`` or a team ``ExecutorConf``).
+
+    The whole section is read through ``getsection`` (the configuration file and the environment,
+    merged by Airflow), so a key the executor does not know stops the start, as does an
+    environment variable or a file section named close to ours (``misnamed_*``); every problem
+    found is named in one error."""
+    from airflow.configuration import conf as airflow_conf
+
+    keys = {name[len(OUR_ENV_PREFIX):].lower() for name in os.environ if name.startswith(OUR_ENV_PREFIX)}
+    problems = misnamed_variables(os.environ)
+    problems += misnamed_sections(airflow_conf.sections(), getattr(airflow_conf, "configuration_description", ()))
+    try:
+        keys |= set(conf.getsection(CONFIG_SECTION) or ())
+    except Exception as error:  # e.g. AIRFLOW__..._MODE_CMD: Airflow runs *_cmd only for secrets
+        problems.append(f"[{CONFIG_SECTION}] cannot be read: {error}")
+    problems = unknown_options(keys) + problems
+    if problems:
+        raise _refuse(problems)
     raw = {}
     for name in OPTIONS:
         text = conf.get(CONFIG_SECTION, name, fallback=None)

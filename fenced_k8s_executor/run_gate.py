@@ -206,9 +206,10 @@ class FencedRunGatePlugin(AirflowPlugin):
     Loaded from the package's ``airflow.plugins`` entry point; Airflow instantiates entry-point
     plugins, so the setting is read at instantiation (plugin load), not at import.
 
-    An invalid ``[fenced_kubernetes_executor]`` value stops the process that loads plugins (the
-    api-server first of all), naming the option and the accepted values: a plugin that merely
-    fails to load is logged by Airflow, which then serves without the gate, healthy and gate-less.
+    An invalid ``[fenced_kubernetes_executor]`` value, an option it does not know or a variable or
+    section named close to it (``config.load``) stops the process that loads plugins (the
+    api-server first of all), naming each and what was meant: a plugin that merely fails to load
+    is logged by Airflow, which then serves without the gate, healthy and gate-less.
     ``SystemExit`` is the one exception the plugin manager does not catch.
     """
 

@@ -14,7 +14,7 @@
 #
 # Overridable through the environment:
 #   KIND_CLUSTER_NAME   (fenced-k8s)    AIRFLOW_NAMESPACE (airflow)   RELEASE (airflow)
-#   CHART_DIR           (../shared/helm/chart, see step 5)            AIRFLOW_IMAGE_TAG (3.3.2)
+#   CHART_DIR           (../shared/helm/chart, see step 5)
 #   SKIP_BUILD=1        reuse an image already loaded into the cluster
 #   HELM_TIMEOUT        (15m)
 set -euo pipefail
@@ -22,7 +22,6 @@ set -euo pipefail
 KIND_CLUSTER_NAME="${KIND_CLUSTER_NAME:-fenced-k8s}"
 AIRFLOW_NAMESPACE="${AIRFLOW_NAMESPACE:-airflow}"
 RELEASE="${RELEASE:-airflow}"
-AIRFLOW_IMAGE_TAG="${AIRFLOW_IMAGE_TAG:-3.3.2}"
 HELM_TIMEOUT="${HELM_TIMEOUT:-15m}"
 # Fixed: must equal images.airflow and images.pod_template in helm-values/*-ha.yaml, which are
 # installed unchanged (tests/helm checks that the three agree).
@@ -64,8 +63,9 @@ kubectl config use-context "${CTX}" >/dev/null
 
 # 2. Image (runtime + the reproduction DAG), loaded into every node
 if [[ "${SKIP_BUILD:-0}" != "1" ]]; then
-  log "building ${IMAGE} (FROM apache/airflow:${AIRFLOW_IMAGE_TAG})"
-  docker build --target kind --build-arg "AIRFLOW_IMAGE_TAG=${AIRFLOW_IMAGE_TAG}" -t "${IMAGE}" "${ROOT}"
+  log "building ${IMAGE} (the Dockerfile's kind stage; first the wheel its runtime stage copies)"
+  (cd "${ROOT}" && python3 -m pip wheel --quiet --no-deps . -w dist)
+  docker build --target kind -t "${IMAGE}" "${ROOT}"
   log "loading ${IMAGE} into ${KIND_CLUSTER_NAME}"
   kind load docker-image "${IMAGE}" --name "${KIND_CLUSTER_NAME}"
 fi

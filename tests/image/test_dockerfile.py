@@ -19,16 +19,16 @@ def test_parses_the_repos_dockerfile():
     cmds = [i.cmd for i in instrs]
     assert set(cmds) <= {"ARG", "FROM", "USER", "COPY", "RUN"}
     froms = [i.args for i in instrs if i.cmd == "FROM"]
-    assert froms == ["apache/airflow:${AIRFLOW_IMAGE_TAG} AS runtime", "runtime AS kind"]
+    assert froms == ["apache/airflow:3.3.2-python3.11 AS runtime", "runtime AS kind"]
     heredocs = {i.args.split()[-1]: i.heredoc for i in instrs if i.heredoc is not None}
     assert set(heredocs) == {"/opt/airflow/dags/fenced_repro.py", "/opt/airflow/dags/fenced_smoke.py"}
     smoke = heredocs["/opt/airflow/dags/fenced_smoke.py"]
     assert 'dag_id="fenced_smoke"' in smoke and smoke.endswith("fenced_smoke()\n")
     compile(smoke, "fenced_smoke.py", "exec")
     compile(heredocs["/opt/airflow/dags/fenced_repro.py"], "fenced_repro.py", "exec")
-    run = next(i for i in instrs if i.cmd == "RUN")
-    assert run.args.startswith("pip install") and "\\" not in run.args and run.args.endswith(
-        "fenced_k8s_executor.FencedKubernetesExecutor\"")
+    pip, check = [i.args for i in instrs if i.cmd == "RUN"]  # the recipe: tests/image/test_install_recipe.py
+    assert pip.startswith("pip install") and "\\" not in pip and pip.endswith("--constraint /tmp/constraints.txt")
+    assert 'fenced_k8s_executor.FencedKubernetesExecutor" && rm /tmp/' in check  # no build leftovers
 
 
 def test_continuations_comments_and_heredoc_delimiters():
@@ -82,7 +82,8 @@ def test_dockerignore_matches_like_docker():
                  "tests/unit/test_x.py", "docs/index.md", "Dockerfile", ".dockerignore", ".lab-cache/x"):
         assert ig.excluded(path), path
     for path in ("pyproject.toml", "README.md", "fenced_k8s_executor/executor.py",
-                 "fenced_k8s_executor/tests/x.py"):
+                 "fenced_k8s_executor/tests/x.py", "dist/fenced_k8s_executor-0.2.0-py3-none-any.whl",
+                 ".ci/constraints.txt"):  # the last two: what the runtime stage copies
         assert not ig.excluded(path), path
     neg = DockerIgnore("*.md\n!README.md\ndocs/**/*.png\n")
     assert neg.excluded("NOTES.md") and not neg.excluded("README.md") and not neg.excluded("sub/NOTES.md")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_process import airflow_env, run_airflow
+
 OPERATOR = "lab"  # a user the real apiserver has (token == name); the command's own kube identity
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 
@@ -153,3 +155,82 @@ def test_pods_by_standing_through_the_airflow_command(world, standings):
     assert _lists_by_operator(world, since)
     assert _writes_by_operator(world, since) == []
     assert set(standings) == {p.metadata.name for p in world.live_pods()}
+
+
+# --- what the operator gets when something is missing: one line, exit 1, no traceback (issue 47) ---
+
+DEAD_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: dead, cluster: {server: "https://127.0.0.1:%d"}}]
+contexts: [{name: dead, context: {cluster: dead, user: operator, namespace: airflow}}]
+current-context: dead
+users: [{name: operator, user: {token: not-a-known-token}}]
+"""
+
+
+def _free_port() -> int:
+    from fenced_k8s_lab.postgres import free_port
+
+    return free_port()
+
+
+def _operator_env(metadata_db, home: Path, **variables: str) -> dict:
+    return airflow_env(metadata_db.url.render_as_string(hide_password=False), home, **variables)
+
+
+def _answers_in_one_line(done, expected: str) -> None:
+    """Exit 1, no traceback, and the answer as stderr's last line; before it only the deployment
+    id's retry lines (``deployment.resolve`` logs each failed attempt)."""
+    assert done.returncode == 1, done.output[-3000:]
+    assert "Traceback" not in done.output, done.output[-3000:]
+    *before, answer = done.stderr.strip().splitlines()
+    assert answer.startswith("airflow fenced-k8s pods: ") and expected in answer, done.stderr[-3000:]
+    assert all("could not read the database identity" in line for line in before), done.stderr[-3000:]
+
+
+def test_pods_answers_an_unreachable_api_server_in_one_line(metadata_db, tmp_path):
+    port = _free_port()  # nothing listens there
+    kubeconfig = tmp_path / "dead.kubeconfig"
+    kubeconfig.write_text(DEAD_KUBECONFIG % port)
+    env = _operator_env(metadata_db, tmp_path / "home", AIRFLOW__KUBERNETES_EXECUTOR__IN_CLUSTER="False",
+                        AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE=str(kubeconfig))
+    done = run_airflow(["fenced-k8s", "pods"], env)
+    _answers_in_one_line(done, f"the Kubernetes API server at https://127.0.0.1:{port} did not answer")
+    assert done.stderr.strip().count("\n") == 0  # not one retry line of the kubernetes client's
+
+
+def test_pods_answers_an_api_server_that_refuses_the_operator_in_one_line(metadata_db, envtest_session, tmp_path):
+    """The real kube-apiserver, with a token it does not know."""
+    kubeconfig = envtest_session.write_kubeconfig(str(tmp_path / "stranger.kubeconfig"), token="a-stranger",
+                                                   namespace="airflow")
+    env = _operator_env(metadata_db, tmp_path / "home", AIRFLOW__KUBERNETES_EXECUTOR__IN_CLUSTER="False",
+                        AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE=kubeconfig)
+    _answers_in_one_line(run_airflow(["fenced-k8s", "pods"], env), "the Kubernetes API server answered 401")
+
+
+@pytest.mark.parametrize("where, variables, expected", [
+    ("no in-cluster config", {}, "no Kubernetes client configuration (Service host/port is not set.)"),
+    ("a missing kubeconfig", {"AIRFLOW__KUBERNETES_EXECUTOR__IN_CLUSTER": "False",
+                              "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": "/nonexistent/kubeconfig"},
+     "no Kubernetes client configuration"),
+])
+def test_pods_answers_no_kubernetes_configuration_in_one_line(metadata_db, tmp_path, where, variables, expected):
+    env = _operator_env(metadata_db, tmp_path / "home", **variables)
+    env = {k: v for k, v in env.items() if not k.startswith(("KUBERNETES_SERVICE", "KUBECONFIG"))}
+    _answers_in_one_line(run_airflow(["fenced-k8s", "pods"], env), expected)
+
+
+def test_pods_answers_an_unreachable_database_in_one_line(metadata_db, tmp_path):
+    from fenced_k8s_lab.postgres import airflow_db_env
+
+    env = _operator_env(metadata_db, tmp_path / "home",
+                        **airflow_db_env(f"postgresql+psycopg2://airflow:secret-password@127.0.0.1:{_free_port()}/airflow"))
+    done = run_airflow(["fenced-k8s", "pods"], env)
+    _answers_in_one_line(done, "the metadata database could not be read: connection to server at")
+    assert "secret-password" not in done.output
+
+
+def test_pods_answers_a_bad_option_in_one_line(metadata_db, tmp_path):
+    env = _operator_env(metadata_db, tmp_path / "home", AIRFLOW__FENCED_KUBERNETES_EXECUTOR__MODE="enforcing")
+    _answers_in_one_line(run_airflow(["fenced-k8s", "pods"], env),
+                         "Invalid [fenced_kubernetes_executor] mode = 'enforcing'; accepted values: enforce | audit | off")

@@ -75,3 +75,42 @@ def test_airflow_builds_its_parser_with_the_command_without_importing_the_runtim
     heavy = {"fenced_k8s_executor.executor", "fenced_k8s_executor.ledger", "fenced_k8s_executor.pods",
              "fenced_k8s_executor.deployment", "kubernetes.client"}
     assert not heavy & set(seen["modules"]), seen["modules"]
+
+
+# --- every failure in one line (issue 47) ---------------------------------------------------------
+
+def _unreachable():
+    from urllib3 import HTTPSConnectionPool
+    from urllib3.exceptions import MaxRetryError, NewConnectionError
+
+    pool = HTTPSConnectionPool("127.0.0.1", 9)
+    reason = NewConnectionError(pool, "Failed to establish a new connection: [Errno 111] Connection refused")
+    return MaxRetryError(pool, "/api/v1/namespaces/ns/pods", reason)
+
+
+def _db_down():
+    from sqlalchemy.exc import OperationalError
+
+    return OperationalError("SELECT 1", {}, Exception('connection to server at "127.0.0.1", port 9 failed: '
+                                                      "Connection refused\n\tIs the server running on that host?"))
+
+
+@pytest.mark.parametrize("make, expected, also", [
+    (lambda: __import__("fenced_k8s_executor.config", fromlist=["x"]).FencedConfigError(
+        "Invalid [fenced_kubernetes_executor] mode = 'enforcing'; accepted values: enforce | audit | off"),
+     "Invalid [fenced_kubernetes_executor] mode = 'enforcing'; accepted values: enforce | audit | off", ""),
+    (lambda: __import__("kubernetes.config", fromlist=["x"]).ConfigException("Service host/port is not set."),
+     "no Kubernetes client configuration (Service host/port is not set.): set [kubernetes_executor] config_file",
+     "in_cluster = False"),
+    (lambda: __import__("kubernetes.client", fromlist=["x"]).ApiException(status=403, reason="Forbidden"),
+     "the Kubernetes API server answered 403 Forbidden", ""),
+    (_unreachable, "the Kubernetes API server at https://127.0.0.1:9 did not answer: ", "[Errno 111] Connection refused"),
+    (_db_down, 'the metadata database could not be read: connection to server at "127.0.0.1", port 9 failed: '
+               "Connection refused", ""),
+    (lambda: RuntimeError("x" * 1000 + "\nsecond line"), "RuntimeError: " + "x" * 297 + "...", ""),
+])
+def test_a_failure_is_one_line_naming_what_failed(make, expected, also):
+    from fenced_k8s_executor.cli import failure
+
+    line = failure(make())
+    assert line.startswith(expected) and also in line and "\n" not in line

@@ -202,10 +202,10 @@ def test_dockerfile_builds_on_airflow_33_and_installs_the_package():
     text = (ROOT / "Dockerfile").read_text()
     images = _dockerfile_from_images(text)
     assert images and re.fullmatch(r"apache/airflow:3\.3\.\d+(-python3\.\d+)?", images[0]), images
-    copy_dest = re.search(r"^COPY\s+(?:--\S+\s+)*\.\s+(\S+)\s*$", text, re.MULTILINE)
-    assert copy_dest, "the Dockerfile must COPY the source tree (.)"
+    copy = re.search(r"^COPY\s+(?:--\S+\s+)*dist/(fenced_k8s_executor-\S+\.whl)\s.*\s(\S+/)\s*$", text, re.MULTILINE)
+    assert copy, "the Dockerfile must COPY the wheel built into dist/ (the README's recipe: tests/image)"
     pip = [ln for ln in text.splitlines() if "pip install" in ln]
-    assert any("--no-cache-dir" in ln and copy_dest.group(1) in ln for ln in pip), pip
+    assert any("--no-cache-dir" in ln and copy.group(2) + copy.group(1) in ln for ln in pip), pip
     assert re.search(r"^USER\s+airflow\s*$", text, re.MULTILINE)
 
 

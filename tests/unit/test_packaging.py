@@ -1,4 +1,5 @@
-"""The runtime wheel holds the runtime only: no lab module, and nothing in it imports the lab.
+"""The runtime wheel holds the runtime only: no lab module, and nothing in it imports the lab;
+both wheels (the runtime's and the lab's) carry the licence.
 
 Built for real from this checkout (``pip wheel``, as an operator builds it for an image), so the
 check covers what ships, not what the source tree happens to hold.
@@ -7,14 +8,12 @@ check covers what ships, not what the source tree happens to hold.
 from __future__ import annotations
 
 import ast
-import shutil
-import subprocess
-import sys
-
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from fenced_k8s_lab.image.wheel import LAB, RUNTIME, build_wheel
 
 tomllib = pytest.importorskip("tomllib")
 
@@ -24,17 +23,12 @@ LAB_PACKAGE = "fenced_k8s_lab"
 
 @pytest.fixture(scope="module")
 def runtime_wheel(tmp_path_factory) -> Path:
-    # Built from a copy of what the runtime distribution is made of (setuptools builds in the source
-    # tree): the checkout stays clean, and a runtime file left outside these would fail the build.
-    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "fenced_k8s_executor", source / "fenced_k8s_executor",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(source)],
-                   check=True, capture_output=True, text=True)
-    (wheel,) = out.glob("fenced_k8s_executor-*.whl")
-    return wheel
+    return build_wheel(ROOT, RUNTIME, tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def lab_wheel(tmp_path_factory) -> Path:
+    return build_wheel(ROOT / "lab", LAB, tmp_path_factory.mktemp("lab-wheel"))
 
 
 def _imports(source: str) -> set[str]:
@@ -86,3 +80,23 @@ def test_lab_distribution_pins_this_runtime_version():
     lab = tomllib.loads((ROOT / "lab" / "pyproject.toml").read_text())["project"]
     assert runtime["version"] == fenced_k8s_executor.__version__ == lab["version"]
     assert f"fenced-k8s-executor=={runtime['version']}" in lab["dependencies"]
+
+
+def test_the_licence_is_the_apache_2_0_text_in_both_distributions():
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n") and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
+    assert (ROOT / "lab" / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
+    for pyproject in (ROOT / "pyproject.toml", ROOT / "lab" / "pyproject.toml"):
+        project = tomllib.loads(pyproject.read_text())["project"]
+        assert (project["license"], project["license-files"]) == ("Apache-2.0", ["LICENSE"]), pyproject
+
+
+@pytest.mark.parametrize("which", ["runtime_wheel", "lab_wheel"])
+def test_each_wheel_carries_the_licence(which, request):
+    wheel = zipfile.ZipFile(request.getfixturevalue(which))
+    (licence,) = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    assert wheel.read(licence) == (ROOT / "LICENSE").read_bytes()
+    meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    headers = wheel.read(meta).decode().split("\n\n", 1)[0].splitlines()
+    assert "License-Expression: Apache-2.0" in headers and "License-File: LICENSE" in headers

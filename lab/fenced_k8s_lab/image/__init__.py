@@ -1,6 +1,7 @@
 """The project's runtime image without Docker: the Dockerfile on a local stand-in for its base.
 
     fenced-k8s-repro image                       # kind stage  -> out/image/fenced-k8s-executor-dev.tar
+                                                 # (first the wheel the Dockerfile copies: dist/, from a clean copy)
     fenced-k8s-repro image --target runtime      # runtime stage -> out/image/fenced-k8s-executor-runtime.tar
     fenced-k8s-repro image --postgres            # -> out/image/postgres-15.tar (localhost/fenced/postgres:15)
     fenced-k8s-repro image --with-postgres       # both: the kind image, then the PostgreSQL image
@@ -22,7 +23,8 @@ mkimage.py as a one-layer `docker save` tar.
 
 The stand-in (base.py) is *not* apache/airflow:3.3.2. It is:
   - Debian bookworm, `debootstrap --variant=minbase`, plus bash, ca-certificates, dumb-init,
-    python3, python3-venv. Python is Debian's 3.11 (the official 3.3.2 image defaults to 3.12);
+    python3, python3-venv. Python is Debian's 3.11, as in the Dockerfile's base
+    apache/airflow:3.3.2-python3.11 (the official image's default Python is 3.12);
   - user `airflow`, UID 50000, GID 0, HOME /home/airflow; AIRFLOW_HOME=/opt/airflow owned by
     airflow:0 with dags/ and logs/; a virtualenv at ~airflow/.local whose bin is first on PATH
     (like the official 3.x image) holding `apache-airflow[cncf.kubernetes,postgres]==3.3.2`;
@@ -64,6 +66,7 @@ foreground, turning SIGTERM into a fast shutdown.
 
 With Docker (the real thing, same Dockerfile):
 
+    pip wheel --no-deps . -w dist
     docker build --target kind -t localhost/fenced-k8s-executor:dev .
     docker save localhost/fenced-k8s-executor:dev -o out/image/fenced-k8s-executor-dev.tar
 """

@@ -21,6 +21,7 @@ from pathlib import Path
 from fenced_k8s_lab.image.chroot import Bind, Jail, Timer, rmtree, tar_create, tar_extract
 
 SUITE = "bookworm"
+STANDIN_PYTHON = "3.11"  # bookworm's python3: the Dockerfile's base is apache/airflow:<version>-python3.11
 DEBIAN_PACKAGES = ["bash", "ca-certificates", "dumb-init", "python3", "python3-venv"]
 AIRFLOW_EXTRAS = "cncf.kubernetes,postgres"
 AIRFLOW_UID = 50000

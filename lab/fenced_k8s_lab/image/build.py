@@ -17,6 +17,7 @@ from fenced_k8s_lab.image import base as B
 from fenced_k8s_lab.image.chroot import Jail, Timer, rmtree, tar_extract, user_ids
 from fenced_k8s_lab.image.dockerfile import (DockerIgnore, Instruction, Unsupported, copy_context,
                                                       expand, parse, split_flags)
+from fenced_k8s_lab.image.wheel import RUNTIME, build_wheel
 
 DEFAULT_NAMES = {"kind": "localhost/fenced-k8s-executor:dev", "runtime": "localhost/fenced-k8s-executor:runtime"}
 POSTGRES_NAME = f"localhost/fenced/postgres:{B.POSTGRES_MAJOR}"
@@ -73,8 +74,9 @@ class Builder:
         if version != self.bases.airflow_version:
             raise Unsupported(f"FROM {image}: the stand-in is built for Airflow {self.bases.airflow_version}"
                               f" (from the constraints file); pass --airflow-version {version} with matching constraints")
-        if tag != version:
-            self.say(f"[image] note: tag {tag}: the stand-in has Debian's Python 3.11 whatever the tag's suffix says")
+        if tag not in (version, f"{version}-python{B.STANDIN_PYTHON}"):
+            self.say(f"[image] note: tag {tag}: the stand-in has Debian's Python {B.STANDIN_PYTHON} whatever the tag's"
+                     " suffix says")
         tar = self.bases.airflow_tar()
         root = self.work / f"stage-{name}"
         with self.timer(f"unpack the {STANDIN_REPO}:{version} stand-in"):
@@ -277,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append((True, POSTGRES_NAME))
     if a.name:
         jobs[0] = (jobs[0][0], a.name)
+    if not all(is_pg for is_pg, _ in jobs):
+        with timer("pip wheel --no-deps . -w dist (the wheel the Dockerfile copies)"):
+            say(f"[image] {build_wheel(repo, RUNTIME, repo / 'dist')}")
     tars = [_build_one(a, is_pg, name, repo, out_dir, tool, bases, timer, build_args, say) for is_pg, name in jobs]
     say(f"[image] done in {time.monotonic() - t0:.1f}s: " + ", ".join(f"{n} ({t.name})" for (_, n), t in zip(jobs, tars)))
     if a.load:
