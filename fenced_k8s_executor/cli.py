@@ -106,6 +106,7 @@ def failure(error: BaseException) -> str:
     from urllib3.exceptions import HTTPError, MaxRetryError
 
     from fenced_k8s_executor.config import FencedConfigError
+    from fenced_k8s_executor.deployment import NotStored
 
     def first_line(what: object) -> str:
         text = str(what).strip()
@@ -126,6 +127,8 @@ def failure(error: BaseException) -> str:
         return f"the Kubernetes API server{where} did not answer: {reason}"
     if isinstance(error, HTTPError):
         return f"the Kubernetes API server did not answer: {first_line(error)}"
+    if isinstance(error, NotStored):
+        return f"{first_line(error)}: start a fenced scheduler first (nothing is deleted before one runs)"
     if isinstance(error, SQLAlchemyError):
         return f"the metadata database could not be read: {first_line(getattr(error, 'orig', None) or error)}"
     return f"{type(error).__name__}: {first_line(error)}"
@@ -157,7 +160,7 @@ def _pods(args: Any) -> None:
     from fenced_k8s_executor import config, deployment, guards
 
     fence = config.load(conf)
-    found = deployment.resolve(fence)
+    found = deployment.resolve(fence, create=False)  # read-only: a scheduler stores the id
     kube_config = KubeConfig()
     if args.namespace:
         namespaces: list[str | None] = [args.namespace]

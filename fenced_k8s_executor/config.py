@@ -44,9 +44,10 @@ OPTIONS: dict[str, tuple[str, str]] = {
     ),
     "deployment_id": (
         "",
-        "Names this Airflow deployment on its pods; fences delete only pods stamped with it. Empty:"
-        " derived from the metadata database's own identity (PostgreSQL: system identifier, database"
-        " and schema); required when that cannot be read and the DB address is a loopback or socket.",
+        "Names this Airflow deployment on its pods; fences delete only pods stamped with it (and launched"
+        " by this database). Empty: the id stored in the metadata database (Airflow Variable"
+        " fenced_k8s_executor.deployment_id, written by the first fenced scheduler). Set it on a"
+        " deployment whose database is a copy of another's (a restored snapshot, a clone).",
     ),
     "run_gate": (
         "True",

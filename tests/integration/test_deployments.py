@@ -175,26 +175,6 @@ def behind_one_address(pg_server, metadata_db, tmp_path_factory):
         other.stop()
 
 
-def test_two_databases_behind_one_address_get_two_deployment_ids(behind_one_address):
-    import sqlalchemy as sa
-
-    from airflow import settings
-
-    from fenced_k8s_executor import config, deployment
-
-    proxy, name = behind_one_address
-    ours, theirs = proxy.url("alpha", name), proxy.url("beta", name)
-    assert deployment.address_id(ours) == deployment.address_id(theirs)  # what 0.1.0 derived: one id for both
-    engines = [sa.create_engine(url, poolclass=sa.pool.NullPool) for url in (ours, theirs)]
-    try:
-        a, b = (deployment.resolve(config.FencedConfig(), engine) for engine in engines)
-    finally:
-        for engine in engines:
-            engine.dispose()
-    assert a.id != b.id and a.source == b.source == deployment.DATABASE
-    assert deployment.resolve(config.FencedConfig(), settings.engine).id == a.id  # the database, any address
-
-
 def test_a_deployment_behind_the_same_proxy_address_never_deletes_the_others_current_pod(
         world, behind_one_address, tmp_path):
     """Before: both deployments derived ``db-<hash of 127.0.0.1:port/name>``; ours took the other's
