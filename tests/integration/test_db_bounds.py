@@ -332,3 +332,19 @@ def _tcp_options(dbapi) -> tuple[int, ...]:
                 sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
                 sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
                 sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
+
+
+def test_a_bound_the_operator_set_in_the_url_is_kept(metadata_db, monkeypatch):
+    """A libpq keyword the operator put in ``sql_alchemy_conn`` (a NAT with a shorter idle
+    timeout wants an earlier first probe, say) is theirs: the fences add only what is missing."""
+    from airflow import settings
+
+    engine = _engine(settings.engine.url.update_query_dict({"keepalives_idle": "7"}))
+    monkeypatch.setattr(settings, "engine", engine)
+    try:
+        with db.autocommit() as conn:
+            assert _tcp_options(conn.dbapi_connection)[1:] == (7, db.KEEPALIVES_INTERVAL, db.KEEPALIVES_COUNT,
+                                                                db.TCP_USER_TIMEOUT_MS)
+    finally:
+        db.dispose()
+        engine.dispose()
