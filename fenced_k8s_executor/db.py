@@ -64,8 +64,8 @@ STATEMENT_TIMEOUT_MS = 5_000
 BOUND = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; "
 #: Seconds the loop's connection may sit unused before it goes back to the pool, whose pre-ping
 #: then checks it before the next statement: a server restart, a failover or a pooler's idle
-#: timeout closes it silently, and the ping (one round trip per idle spell, not per loop)
-#: replaces it instead of failing a loop.
+#: timeout closes it while nothing uses it, and the ping (one round trip per idle spell, not per
+#: loop) replaces it instead of failing a loop.
 IDLE_SPELL = 10.0
 #: Connections the pool keeps: the loop's and the sweep's lock (one-off reads borrow either
 #: between uses). Busier moments (several executors in one process, an api-server's run gate
