@@ -235,7 +235,11 @@ def bounded_session() -> Iterator[Any]:
 def autocommit() -> Iterator[Any]:
     """One pooled connection (SQLAlchemy's ``PoolProxiedConnection``: ``dbapi_connection``,
     ``info``) in autocommit, for single statements whose query string starts with ``BOUND``.
-    Invalidated on any error: a connection that failed a statement is not trusted again."""
+    Invalidated on any error: a connection that failed a statement is not trusted again.
+
+    The DBAPI flag is set directly, as SQLAlchemy's own pre-ping does: its
+    ``isolation_level="AUTOCOMMIT"`` would leave the connection with an explicit READ COMMITTED
+    level, after which psycopg2 sends ``SET default_transaction_isolation`` at every later switch."""
     conn = engine().raw_connection()
     try:
         conn.dbapi_connection.autocommit = True
