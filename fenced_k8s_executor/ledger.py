@@ -19,9 +19,12 @@ On Airflow 3.4, where every attempt is a row of its own, only the live attempt i
 inside a dynamic region is keyed by its region too; which columns those are on the installed
 Airflow is ``provider_compat``'s answer (``task_columns``, ``live_attempt``).
 
-Always an independent connection (never the scoped session): the executor's hooks may run inside
-the scheduler's own transaction, whose row locks must not be committed or released early. On
-PostgreSQL the statements are constant, with array parameters handed to the driver as is.
+Always a connection of the fences' own pool (``db``; never the scoped session): the executor's
+hooks may run inside the scheduler's own transaction, whose row locks must not be committed or
+released early. On PostgreSQL the statements are constant, with array parameters handed to the
+driver as is, and each is bounded (``db.BOUND``; the connection's TCP bounds are ``db``'s). No
+statement casts text that came from a pod: a region is parsed here (``_region_id``), and text
+that is not a UUID names no row, as a dag_id that names no DAG does.
 """
 
 from __future__ import annotations
@@ -29,28 +32,29 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from fenced_k8s_executor import provider_compat
+from fenced_k8s_executor import db, provider_compat
 from fenced_k8s_executor.launch import LaunchIdentity, TaskKey, TaskRow, task_key
 
 log = logging.getLogger("fenced_k8s_executor")
 
 #: An idle loop's statement: the live set's digest alone.
 DIGEST_ONLY = frozenset("d")
-#: Its name when prepared on the reader's own connection.
+#: Its name when prepared on a connection (at most once each: the pool record's info says so).
 PREPARED_DIGEST = "fenced_k8s_executor_digest"
 
 #: Sent before every loop statement in the same query string, so in the one implicit transaction
 #: PostgreSQL gives a multi-statement string (the settings end with it, behind a pooler too): the
-#: live set is found through airflow-core's indexes on ``state`` (``ti_state``; 3.4's
-#: ``ti_current_state``), whatever the statistics say. Right after a mass update, before
-#: autovacuum analyses the table, the planner took a sequential scan of the whole table (every
-#: loop, until the analyse: 5x an idle loop's cost at 1,000 launches); a plain index scan (not a
-#: bitmap one) also marks the dead entries it meets, so only the first loop after such an update
-#: walks them.
-PLAN = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; "
+#: statement is bounded (``db.BOUND``), and the live set is found through airflow-core's indexes
+#: on ``state`` (``ti_state``; 3.4's ``ti_current_state``), whatever the statistics say. Right
+#: after a mass update, before autovacuum analyses the table, the planner took a sequential scan
+#: of the whole table (every loop, until the analyse: 5x an idle loop's cost at 1,000 launches); a
+#: plain index scan (not a bitmap one) also marks the dead entries it meets, so only the first loop
+#: after such an update walks them.
+PLAN = db.BOUND + "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; "
 #: Statements the reads sent, and the PREPAREs (one per connection) apart: read by the benchmark.
 ROUND_TRIPS = 0
 PREPARES = 0
@@ -103,37 +107,23 @@ class InFlightReads:
     launches in flight were outside it (asked by task key)."""
 
     def __init__(self, hold: bool = True) -> None:
-        self._hold = hold  # keep one connection between reads (the loop's), or use the pool's (one-off reads)
+        # The loop's reader keeps one connection between its reads (``db.HeldConnection``); a
+        # one-off read borrows one from the fences' pool.
+        self._held = db.HeldConnection() if hold else None
         self._digest: tuple[int, int] | None = None
         self._live: frozenset[str] = frozenset()
         self._asked: tuple[Any, Any, list] = (None, None, [])  # (the launches, the live set, outside)
-        self._held: Any = None  # (engine, connection) the loop keeps between its reads
-        self._prepare = hold  # prepare the idle loop's statement on the held connection (off once refused)
-        self._prepared = False  # prepared on the connection held now
+        self._prepare = hold  # prepare the idle loop's statement (off once a pooler refused it)
 
     def close(self) -> None:
-        """Close the held connection (at the executor's end)."""
-        held, self._held, self._prepared = self._held, None, False
-        if held is not None:
-            _release(held[1])
+        """Give the held connection back to the pool (at the executor's end)."""
+        if self._held is not None:
+            self._held.close()
 
-    def _connection(self, engine: Any) -> Any:
-        """One connection kept for the loop's reads, in autocommit: a pool checkout per loop, with
-        Airflow's pre-ping, cost a third of an idle loop's read. Detached from the pool, so that an
-        autocommit connection never goes back to it (an executor dropped without ``end()`` would
-        hand Airflow's sessions a connection whose transactions end at each statement: their
-        transaction-scoped advisory locks with them). Closed on any error (the next read opens a
-        new one, pre-pinged)."""
-        if not self._hold:
-            return None
-        if self._held is not None and self._held[0] is not engine:
-            self.close()
-        if self._held is None:
-            conn = engine.connect()
-            conn.detach()
-            conn.connection.dbapi_connection.autocommit = True
-            self._held = (engine, conn)
-        return self._held[1]
+    def _connection(self) -> Any:
+        """The connection for one read: the held one, or one borrowed for it; either is dropped
+        on an error (the next read connects anew)."""
+        return self._held.use() if self._held is not None else db.autocommit()
 
     def _outside(self, flying: dict[str, LaunchIdentity]) -> list[LaunchIdentity]:
         """The launches whose token the live set lacks: the same list while neither changed (an
@@ -144,24 +134,23 @@ class InFlightReads:
 
     def read(self, tasks: Iterable[TaskKey | None], launches: Probe | Iterable[LaunchIdentity] = NOTHING) -> Reading:
         """Rows of ``tasks``, and each launch of ``launches`` whose task's current row does not name
-        its token (its row, or None when the task has no row). Raises on DB errors."""
+        its token (its row, or None when the task has no row). Raises on DB errors, after at
+        most the bounds of ``db``."""
         global ROUND_TRIPS
-        from airflow import settings
 
         wanted = {tuple(task) for task in tasks if task is not None}
         flying = (launches if isinstance(launches, Probe) else probe(launches)).launches
         if not wanted and not flying:
             return Reading({}, {})
-        engine = settings.engine
+        engine = db.engine()
         ROUND_TRIPS += 1
         if engine.dialect.name != "postgresql":
-            return _read_portable_loop(engine, wanted, flying)
+            return _read_portable_loop(wanted, flying)
         outside = self._outside(flying)
         digest = self._digest if flying else None
-        conn = self._connection(engine)
-        try:
+        with self._connection() as conn:
             rows, changed, live = _read_postgresql_loop(engine, wanted, outside, digest, bool(flying), conn,
-                                                        self._run_digest if conn is not None else None)
+                                                        self._run_digest if self._prepare else None)
             if live is not None:  # the live set moved: launches it no longer holds are asked by key now
                 self._digest, self._live = live
                 asked = {launch.token for launch in outside}
@@ -170,43 +159,38 @@ class InFlightReads:
                 if late:
                     ROUND_TRIPS += 1
                     changed.update(_read_postgresql_loop(engine, set(), late, None, False, conn)[1])
-        except BaseException:
-            self.close()
-            raise
         return Reading(rows, changed)
 
-
-    def _run_digest(self, engine: Any, conn: Any, statement: str, params: dict) -> list:
-        """The idle loop's statement, prepared once per held connection: planning it cost more than
-        running it (``EXPLAIN ANALYZE`` at 1,000 launches: 1.6-2.1 ms planning, 1.4 ms executing).
-        A pooler that does not keep a session's prepared statements (pgbouncer in transaction
-        mode) refuses it: from then on it is sent unprepared, as every other statement is."""
+    def _run_digest(self, conn: Any, statement: str, params: dict) -> list:
+        """The idle loop's statement, prepared once per connection (``conn.info`` says so, and a
+        new or recycled connection starts without): planning it cost more than running it
+        (``EXPLAIN ANALYZE`` at 1,000 launches: 1.6-2.1 ms planning, 1.4 ms executing). A pooler
+        that does not keep a session's prepared statements (pgbouncer in transaction mode)
+        refuses it: from then on it is sent unprepared, as every other statement is."""
         global PREPARES
-        if self._prepare:
-            try:
-                with _cursor(conn.connection.dbapi_connection) as cursor:
-                    if not self._prepared:
-                        PREPARES += 1
-                        cursor.execute(f"PREPARE {PREPARED_DIGEST}(bigint, text) AS "
-                                       + statement.replace("%(count)s", "$1").replace("%(sum)s", "$2"))
-                        self._prepared = True
-                    return _rows(cursor, f"{PLAN}EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
-            except Exception as error:
-                # 26000: no such prepared statement; 42P05: already prepared (a pooler's server connection)
-                code = _sqlstate(error)
-                if code not in ("26000", "42P05"):
-                    raise
-                self._prepare = False
-                log.warning("fenced_k8s_executor the metadata DB's connection does not keep prepared statements "
-                            "(a pooler in transaction mode?): the loop's statement is planned every loop (%s)",
-                            code)
-        return _execute(engine, statement, params, conn)
+        try:
+            with _cursor(conn.dbapi_connection) as cursor:
+                if not conn.info.get(PREPARED_DIGEST):
+                    PREPARES += 1
+                    cursor.execute(f"{db.BOUND}PREPARE {PREPARED_DIGEST}(bigint, text) AS "
+                                   + statement.replace("%(count)s", "$1").replace("%(sum)s", "$2"))
+                    conn.info[PREPARED_DIGEST] = True
+                return _rows(cursor, f"{PLAN}EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
+        except Exception as error:
+            # 26000: no such prepared statement; 42P05: already prepared (a pooler's server connection)
+            code = _sqlstate(error)
+            if code not in ("26000", "42P05"):
+                raise
+            self._prepare = False
+            log.warning("fenced_k8s_executor the metadata DB's connection does not keep prepared statements "
+                        "(a pooler in transaction mode?): the loop's statement is planned every loop (%s)", code)
+        return _execute(conn, statement, params)
 
 
-def _read_portable_loop(engine: Any, wanted: set, flying: dict[str, LaunchIdentity]) -> Reading:
+def _read_portable_loop(wanted: set, flying: dict[str, LaunchIdentity]) -> Reading:
     """Elsewhere than PostgreSQL: every row read by task and compared here."""
     tasks = wanted | {launch.task for launch in flying.values()}
-    rows = _rows_of(_read_portable(engine, tasks), tasks)
+    rows = _rows_of(_read_portable(tasks), tasks)
     changed = {token: rows.get(launch.task) for token, launch in flying.items()
                if launch.task not in rows or rows[launch.task].external_executor_id != token}
     return Reading({task: row for task, row in rows.items() if task in wanted}, changed)
@@ -215,8 +199,12 @@ def _read_portable_loop(engine: Any, wanted: set, flying: dict[str, LaunchIdenti
 def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[int, int] | None,
                           live: bool, conn: Any = None, run_digest: Any = None) -> tuple[dict, dict, tuple | None]:
     """(rows of ``wanted``, changed launches of ``by_key``, the live set's (digest, tokens) when
-    ``live`` is asked and its digest is not ``digest``; None when it did not move). ``run_digest``
-    runs the statement when it is the digest alone (an idle loop): the reader's prepared one."""
+    ``live`` is asked and its digest is not ``digest``; None when it did not move), read on
+    ``conn`` (in autocommit) or on a connection borrowed for it. ``run_digest`` runs the statement
+    when it is the digest alone (an idle loop): the reader's prepared one."""
+    if conn is None:
+        with db.autocommit() as borrowed:
+            return _read_postgresql_loop(engine, wanted, by_key, digest, live, borrowed, run_digest)
     parts = frozenset(part for part, present in (("o", wanted), ("k", by_key), ("d", live)) if present)
     count, total = digest or (-1, -1)
     params: dict[str, Any] = {"key_tokens": [launch.token for launch in by_key], "count": count, "sum": str(total)}
@@ -226,9 +214,9 @@ def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[
     if not parts:
         result = []
     elif parts == DIGEST_ONLY and run_digest is not None:
-        result = run_digest(engine, conn, _loop_statement(engine, parts), params)
+        result = run_digest(conn, _loop_statement(engine, parts), params)
     else:
-        result = _execute(engine, _loop_statement(engine, parts), params, conn)
+        result = _execute(conn, _loop_statement(engine, parts), params)
     for kind, token, *row in result:
         if kind == "o":
             rows.append(row)
@@ -240,31 +228,17 @@ def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[
     return _rows_of(rows, wanted), changed, moved
 
 
-def _execute(engine: Any, statement: str, params: dict, held: Any = None) -> list:
-    """Run one statement on ``held`` (a connection the caller keeps in autocommit) or on a pooled one.
+def _execute(conn: Any, statement: str, params: dict) -> list:
+    """Run one statement, bounded and with the planner settings (``PLAN``), on ``conn``, a pooled
+    connection in autocommit (``db.autocommit``, ``db.HeldConnection``).
 
     One statement needs no transaction: in autocommit psycopg2 sends no BEGIN and no ROLLBACK (the
-    planner settings before it, ``PLAN``, share the query string's implicit transaction). The
-    DBAPI flag is flipped directly, as SQLAlchemy's own pre-ping does: its
-    isolation_level="AUTOCOMMIT" option would leave the pooled connection with an explicit READ
-    COMMITTED level, after which psycopg2 sends "SET default_transaction_isolation" on every later
-    autocommit switch, Airflow's included. The driver's own cursor (client-side, whatever the
-    engine's stream_results says) and its tuples: SQLAlchemy's statement and row handling cost as
-    much as the idle loop's query.
+    settings before it share the query string's implicit transaction). The driver's own cursor
+    (client-side, whatever the engine's stream_results says) and its tuples: SQLAlchemy's
+    statement and row handling cost as much as the idle loop's query.
     """
-    statement = PLAN + statement
-    if held is not None:
-        with _cursor(held.connection.dbapi_connection) as cursor:
-            return _rows(cursor, statement, params)
-    with engine.connect() as conn:
-        dbapi = conn.connection.dbapi_connection
-        dbapi.autocommit = True
-        try:
-            with _cursor(dbapi) as cursor:
-                return _rows(cursor, statement, params)
-        finally:
-            if not dbapi.closed:
-                dbapi.autocommit = False
+    with _cursor(conn.dbapi_connection) as cursor:
+        return _rows(cursor, PLAN + statement, params)
 
 
 def _cursor(dbapi: Any) -> Any:
@@ -292,23 +266,25 @@ def _sqlstate(error: BaseException) -> str | None:
     return getattr(error, "pgcode", None) or getattr(error, "sqlstate", None)
 
 
-def _release(conn: Any) -> None:
-    """Close a held (detached) connection: its DBAPI connection closes with it."""
-    try:
-        conn.close()
-    except Exception:  # noqa: BLE001 - a broken connection is gone either way
-        pass
-
-
 def _key_params(tasks: Iterable[TaskKey], prefix: str = "") -> dict[str, list]:
     """The tasks as the statement's parallel arrays (a task without a region: the sentinel region)."""
     columns: list[list] = [[], [], [], [], []]
     for task in tasks:
         for column, value in zip(columns, task[:4]):
             column.append(value)
-        columns[4].append(provider_compat.region_param(task[4] if len(task) > 4 else ""))
+        columns[4].append(_region_id(task[4] if len(task) > 4 else ""))
     return {prefix + name: column
             for name, column in zip(("dag_ids", "task_ids", "run_ids", "map_indexes", "region_ids"), columns)}
+
+
+def _region_id(region: str) -> str | None:
+    """A key's region as the statement takes it: the canonical spelling of its UUID, parsed here
+    (the statement compares ``uuid`` values and casts no text from a pod), or None, which equals
+    no row, when the text is not a UUID."""
+    try:
+        return str(uuid.UUID(provider_compat.region_param(region)))
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def _columns() -> dict[str, Any]:
@@ -343,7 +319,7 @@ def _loop_statement(engine: Any, parts: frozenset) -> str:
     inner = ", ".join(f"{stored(name)}{'::text' if name == 'region' else ''} AS {name}" for name in _COLUMNS)
     # The id as text: the driver would build a uuid.UUID per row only for str() to undo it.
     columns = ", ".join(f"ti.{name}" + ("::text" if name == "id" else "") for name in _COLUMNS)
-    by_key = " AND ".join(f"t.{c[name]} = {{w}}.{name}" + ("_id::uuid" if name == "region" else "")
+    by_key = " AND ".join(f"t.{c[name]} = {{w}}.{name}" + ("_id" if name == "region" else "")
                           for name in _KEY if c[name] is not None)
     by_key += provider_compat.live_attempt("t")
     token = f"t.{c['external_executor_id']}"
@@ -358,7 +334,7 @@ def _loop_statement(engine: Any, parts: frozenset) -> str:
         return f"LATERAL (SELECT {inner} FROM {table} AS t WHERE {by_key.format(w=alias)} LIMIT 1) AS ti"
 
     keys = ("unnest(%({p}dag_ids)s::varchar[], %({p}task_ids)s::varchar[], %({p}run_ids)s::varchar[],"
-            " %({p}map_indexes)s::integer[], %({p}region_ids)s::varchar[]{extra})"
+            " %({p}map_indexes)s::integer[], %({p}region_ids)s::uuid[]{extra})"
             " AS {w}(dag_id, task_id, run_id, map_index, region_id{columns})")
     branches = {
         "o": f"SELECT 'o', NULL, {columns} FROM {keys.format(p='', extra='', w='w', columns='')}"
@@ -375,7 +351,7 @@ def _loop_statement(engine: Any, parts: frozenset) -> str:
     return " UNION ALL ".join(branches[part] for part in ("o", "k", "d") if part in parts)
 
 
-def _read_portable(engine: Any, wanted: set) -> list:
+def _read_portable(wanted: set) -> list:
     """A launch batch spans few runs, so the planner uses the (dag_id, run_id) index and the
     statement stays small, where a 4-column tuple IN grew with every task."""
     from sqlalchemy import literal, select, tuple_
@@ -390,7 +366,7 @@ def _read_portable(engine: Any, wanted: set) -> list:
     live = provider_compat.live_attempt_clause()
     if live is not None:
         query = query.where(live)
-    with engine.connect() as conn:
+    with db.bounded_connection() as conn:
         return conn.execute(query).all()
 
 

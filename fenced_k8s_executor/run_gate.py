@@ -73,21 +73,23 @@ def read_row_token(ti_id: uuid.UUID) -> Any:
     through is a live attempt relaunched under the same id (stuck in queued): that one the token
     check still answers with 409.
 
-    A short, independent, non-scoped session: opened, one SELECT, closed.
+    A short transaction of the fences' own pool, bounded as every fence statement is
+    (``db.bounded_connection``): a dead flow or a locked table costs the request its bound, then
+    the gate passes it through.
     """
     from sqlalchemy import select
 
     from airflow.models.taskinstance import TaskInstance as TI
-    from airflow.utils.session import create_session
 
+    from fenced_k8s_executor import db
     from fenced_k8s_executor.provider_compat import live_attempt_clause
 
     query = select(TI.external_executor_id).where(TI.id == ti_id)
     live = live_attempt_clause()
     if live is not None:
         query = query.where(live)
-    with create_session(scoped=False) as session:
-        row = session.execute(query).first()
+    with db.bounded_connection() as conn:
+        row = conn.execute(query).first()
     return _MISSING if row is None else row[0]
 
 

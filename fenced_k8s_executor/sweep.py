@@ -205,27 +205,18 @@ class _Held:
 
 
 def advisory_lock() -> _Held:
-    """Hold a transaction-scoped PostgreSQL advisory lock for the sweep; other DBs sweep unlocked."""
+    """Hold a transaction-scoped PostgreSQL advisory lock for the sweep (taken or not, never waited
+    for), in a bounded transaction on the fences' own pool (``db.bounded_connection``) that ends
+    with the sweep; other DBs sweep unlocked."""
+    from contextlib import ExitStack
+
     from sqlalchemy import text
 
-    from airflow.settings import Session
+    from fenced_k8s_executor import db
 
-    session = Session.session_factory()  # independent of the scheduler's scoped session
-    try:
-        if session.get_bind().dialect.name != "postgresql":
-            session.close()
+    with ExitStack() as stack:
+        conn = stack.enter_context(db.bounded_connection())
+        if conn.dialect.name != "postgresql":
             return _Held(True)
-        held = bool(
-            session.execute(text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY}).scalar()
-        )
-    except Exception:
-        session.close()
-        raise
-
-    def close() -> None:
-        try:
-            session.rollback()
-        finally:
-            session.close()
-
-    return _Held(held, close)
+        held = bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY}).scalar())
+        return _Held(held, stack.pop_all().close)

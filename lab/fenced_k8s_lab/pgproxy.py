@@ -21,11 +21,12 @@ _SSL_REQUEST, _GSS_REQUEST = 80877103, 80877104
 
 
 class UserRoutingProxy:
-    """``routes``: user name -> (host, port) of the PostgreSQL server that user's connections reach."""
+    """``routes``: user name -> (host, port) of the PostgreSQL server that user's connections reach;
+    ``host``: the address it listens on (a NAT hop's relay listens on its veth's)."""
 
-    def __init__(self, routes: dict[str, tuple[str, int]], port: int = 0):
+    def __init__(self, routes: dict[str, tuple[str, int]], port: int = 0, host: str = "127.0.0.1"):
         self.routes = dict(routes)
-        self._server = socket.create_server(("127.0.0.1", port))
+        self._server = socket.create_server((host, port))
         self.port = self._server.getsockname()[1]
         self._stop = threading.Event()
         self._sockets: set[socket.socket] = set()
@@ -37,6 +38,10 @@ class UserRoutingProxy:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (a close alone does not)
+        except OSError:
+            pass
         self._server.close()
         for sock in list(self._sockets):
             _close(sock)

@@ -39,7 +39,7 @@ def _portable(tasks: list) -> dict:
     from airflow import settings
 
     wanted = {tuple(t) for t in tasks}
-    return ledger._rows_of(ledger._read_portable(settings.engine, wanted), wanted)
+    return ledger._rows_of(ledger._read_portable(wanted), wanted)
 
 
 def test_postgresql_read_finds_what_the_portable_read_finds(metadata_db, airflow, driver):
@@ -71,44 +71,50 @@ def test_postgresql_read_finds_what_the_portable_read_finds(metadata_db, airflow
         airflow.retire(dag_id)
 
 
-def test_postgresql_read_runs_without_a_transaction_and_returns_the_connection_as_it_found_it(metadata_db):
-    """Autocommit spares psycopg2's BEGIN and ROLLBACK round trips; a pooled connection must go back
-    to Airflow's sessions exactly as it was (transactional, default isolation level); the connection
-    the loop's reader holds is its own, closed with it."""
+def test_reads_borrow_nothing_from_airflows_pool_and_return_their_connections_transactional(metadata_db):
+    """The fences' reads run on a pool of their own (``db``): Airflow's pool hands them nothing, so
+    an autocommit connection can never reach Airflow's sessions. Their own connections go back
+    transactional and idle, at the default level (the sweep's lock and the deployment's
+    transactions borrow them next; an explicit level makes psycopg2 send a SET on every later
+    autocommit switch); the loop's reader keeps its one in autocommit, no transaction open between
+    reads."""
     from sqlalchemy import event
 
     from airflow import settings
 
-    from fenced_k8s_executor import ledger
+    from fenced_k8s_executor import db, ledger
 
-    returned = []  # each connection as it went back to the pool
+    borrowed, returned = [], []  # Airflow's checkouts; the fences' connections as they went back
+
+    def on_checkout(dbapi, record, proxy):
+        borrowed.append(dbapi)
 
     def on_checkin(dbapi, record):
         if dbapi is not None:
             returned.append((dbapi.autocommit, dbapi.get_transaction_status(), dbapi.isolation_level))
 
-    event.listen(settings.engine.pool, "checkin", on_checkin)
+    event.listen(settings.engine.pool, "checkout", on_checkout)
+    event.listen(db.engine().pool, "checkin", on_checkin)
     try:
         assert ledger.read_rows([("no_such_dag", "a", "no-such-run", -1)]) == {}
         reads = ledger.InFlightReads()
         assert reads.read([("no_such_dag", "a", "no-such-run", -1)]).rows == {}
-        held = reads._held[1].connection.dbapi_connection
+        held = reads._held.connection.dbapi_connection
         assert held.autocommit is True  # kept in autocommit while held
         assert held.get_transaction_status() == 0  # no transaction left open between reads
         reads.close()
     finally:
-        event.remove(settings.engine.pool, "checkin", on_checkin)
-    assert held.closed  # the reader's own connection, detached from the pool: closed, never handed back
-    # The one-off read's pooled connection, as found: transactional, idle (psycopg2's
-    # TRANSACTION_STATUS_IDLE), the default level (an explicit one makes psycopg2 send a SET on
-    # every later autocommit switch, the pool's pre-ping included).
-    assert returned == [(False, 0, None)]
+        event.remove(settings.engine.pool, "checkout", on_checkout)
+        event.remove(db.engine().pool, "checkin", on_checkin)
+    assert borrowed == []
+    # psycopg2's TRANSACTION_STATUS_IDLE, the default level: the one-off read's, then the reader's
+    assert returned == [(False, 0, None), (False, 0, None)]
 
 
-def test_reader_dropped_without_end_leaves_no_autocommit_connection_in_the_pool(metadata_db):
+def test_reader_dropped_without_end_leaves_no_autocommit_connection_in_either_pool(metadata_db):
     """An executor dropped without ``end()`` (a test's, or one a crash left behind) must not hand
-    Airflow's sessions its reader's autocommit connection: a transaction-scoped advisory lock
-    taken on it (the sweep's) would end with its statement, and so would the row locks of the
+    its reader's autocommit connection to a transaction: a transaction-scoped advisory lock taken
+    on it (the sweep's) would end with its statement, and so would the row locks of the
     scheduler's critical section. Nor may one-off reads. Found in the matrix: a sweep took the lock
     its peer held."""
     import gc
@@ -117,26 +123,33 @@ def test_reader_dropped_without_end_leaves_no_autocommit_connection_in_the_pool(
 
     from airflow import settings
 
-    from fenced_k8s_executor import ledger
+    from fenced_k8s_executor import db, ledger
 
     pool = settings.engine.pool
     reads = ledger.InFlightReads()
     reads.read([("no_such_dag", "a", "no-such-run", -1)])
-    held = reads._held[1].connection.dbapi_connection
+    held = reads._held.connection.dbapi_connection
     del reads
-    for _ in range(3):  # one-off reads (the sweep's, the pre-create check's) use the pool's connections
+    for _ in range(3):  # one-off reads (the sweep's, the pre-create check's)
         ledger.read_rows([("no_such_dag", "a", "no-such-run", -1)])
     gc.collect()
 
     sessions = [settings.Session.session_factory() for _ in range(pool.size() + 1)]
     try:
-        for session in sessions:  # every pooled connection, the one the reader held among them if it went back
+        for session in sessions:  # every connection of Airflow's pool
             session.execute(text("SELECT 1"))
             dbapi = session.connection().connection.dbapi_connection
             assert dbapi is not held and dbapi.autocommit is False
     finally:
         for session in sessions:
             session.close()
+    with db.bounded_connection() as first:  # the fences' own: the reader's among them (the pool is LIFO)
+        assert first.connection.dbapi_connection.autocommit is False
+        assert first.execute(text("SELECT pg_try_advisory_xact_lock(4242)")).scalar() is True
+        with db.bounded_connection() as second:
+            assert first.execute(text("SELECT 1")).scalar() == 1
+            # the first transaction's lock outlives its statements
+            assert second.execute(text("SELECT pg_try_advisory_xact_lock(4242)")).scalar() is False
 
 
 def test_postgresql_read_misses_no_row_when_the_engine_streams_results(metadata_db, airflow):
@@ -156,6 +169,12 @@ def test_postgresql_read_misses_no_row_when_the_engine_streams_results(metadata_
         assert sorted(task for _, task, _, _ in rows) == ["a", "b", "c"]
     finally:
         airflow.retire(dag_id)
+
+
+def _prepared(reads) -> bool:
+    """Whether the idle loop's statement is prepared on the connection the reader holds (the pool
+    record's info says so)."""
+    return bool(reads._held.connection.info.get(ledger.PREPARED_DIGEST))
 
 
 def _launch(row, token=None, task=None):
@@ -192,7 +211,7 @@ def test_the_loop_read_returns_only_the_launches_whose_row_changed(world, driver
     trips = ledger.ROUND_TRIPS
 
     reading = reads.read([task(t1)], launches)
-    portable = ledger._read_portable_loop(settings.engine, {task(t1)}, {x.token: x for x in launches})
+    portable = ledger._read_portable_loop({task(t1)}, {x.token: x for x in launches})
 
     assert reading == portable
     assert set(reading.rows) == {task(t1)} and reading.rows[task(t1)].token == t1.token
@@ -229,9 +248,9 @@ def test_idle_loop_statement_is_prepared_once_and_sent_plain_where_a_pooler_drop
     reads = ledger.InFlightReads()
     prepares = ledger.PREPARES
     assert reads.read([], launches).changed == {}  # the live set unknown: both asked by key, and the digest
-    assert reads.read([], launches).changed == {} and reads._prepared  # idle: the digest alone, prepared
+    assert reads.read([], launches).changed == {} and _prepared(reads)  # idle: the digest alone, prepared
     assert reads.read([], launches).changed == {} and ledger.PREPARES - prepares == 1  # once per connection
-    held = reads._held[1].connection.dbapi_connection
+    held = reads._held.connection.dbapi_connection
     with held.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s", (ledger.PREPARED_DIGEST,))
         assert cursor.fetchone()[0] == 1
@@ -268,22 +287,89 @@ def test_the_loop_statement_finds_the_live_set_through_an_index_whatever_the_pla
     launches = [_launch(t1), _launch(t2)]
     reads = ledger.InFlightReads()
     assert reads.read([], launches).changed == {}
-    held = reads._held[1]
-    with held.connection.dbapi_connection.cursor() as cursor:
+    held = reads._held.connection
+    with held.dbapi_connection.cursor() as cursor:
         cursor.execute("SET random_page_cost = 1000000")  # session-wide: what stale statistics do to the estimate
         cursor.execute("EXPLAIN " + ledger._loop_statement(settings.engine, ledger.DIGEST_ONLY), {"count": -1, "sum": "-1"})
         assert "Seq Scan on task_instance" in "\n".join(row[0] for row in cursor.fetchall())  # the premise
 
     plan = "\n".join(row[0] for row in ledger._execute(
-        settings.engine, "EXPLAIN " + ledger._loop_statement(settings.engine, ledger.DIGEST_ONLY),
-        {"count": -1, "sum": "-1"}, held))
+        held, "EXPLAIN " + ledger._loop_statement(settings.engine, ledger.DIGEST_ONLY), {"count": -1, "sum": "-1"}))
     assert _index_scan(plan)
 
-    assert reads.read([], launches).changed == {} and reads._prepared  # the idle loop's prepared statement
-    with ledger._cursor(held.connection.dbapi_connection) as cursor:
+    assert reads.read([], launches).changed == {} and _prepared(reads)  # the idle loop's prepared statement
+    with ledger._cursor(held.dbapi_connection) as cursor:
         plan = "\n".join(row[0] for row in ledger._rows(
             cursor, f"{ledger.PLAN}EXPLAIN EXECUTE {ledger.PREPARED_DIGEST}(-1, '-1')", {}))
     assert _index_scan(plan)
     world.airflow.clear(t1)
     assert set(reads.read([], launches).changed) == {t1.token}
+    with held.dbapi_connection.cursor() as cursor:
+        cursor.execute("RESET random_page_cost")  # the connection goes back to the fences' pool
     reads.close()
+
+
+def _task(row) -> tuple:
+    return (row.dag_id, row.task_id, row.run_id, row.map_index)
+
+
+@pytest.mark.tasks("t1", "t2")
+def test_the_by_key_probes_take_the_task_index_with_the_region_a_uuid_value(world, driver):
+    """The probes by task key (the rows asked for whole, the launches outside the live set) take
+    one of airflow-core's indexes, with costs that make any index look dear (as in the test
+    above). On Airflow 3.4 the statement compares ``region_id`` with ``uuid`` values parsed in
+    Python (``_region_id``), never with pod text cast in SQL: an index condition as before (on a
+    table of realistic size, both spellings take ``task_instance_try_key`` on all five key
+    columns, ``EXPLAIN ANALYZE``: the same buffers); on this small table the planner filters."""
+    from airflow import settings
+
+    from fenced_k8s_executor import db, provider_compat
+
+    sched = world.scheduler("fenced", start=False)
+    world.queue(sched, trigger=False)
+    t1, t2 = world.row("t1"), world.row("t2")
+    params = {"key_tokens": [str(uuid.uuid4())], "count": -1, "sum": "-1",
+              **ledger._key_params([_task(t1)]), **ledger._key_params([_task(t2)], "key_")}
+    statement = "EXPLAIN " + ledger._loop_statement(settings.engine, frozenset("ok"))
+    with db.autocommit() as conn:
+        with conn.dbapi_connection.cursor() as cursor:
+            cursor.execute("SET random_page_cost = 1000000")
+        try:
+            plan = "\n".join(row[0] for row in ledger._execute(conn, statement, params))
+        finally:
+            with conn.dbapi_connection.cursor() as cursor:
+                cursor.execute("RESET random_page_cost")
+    assert _index_scan(plan), plan
+    region = provider_compat.task_columns().region
+    if region is not None:  # 3.4: uuid against uuid, nothing cast
+        assert re.search(rf"\({region.name} = w\.region_id\)", plan) and "::uuid" not in plan, plan
+
+
+@pytest.mark.tasks("t1")
+def test_a_region_that_is_no_uuid_costs_its_pod_alone(world, driver):
+    """No statement casts text that came from a pod (issue 45): the loop's one statement used to
+    cast a pod's region annotation with ``::uuid`` on Airflow 3.4, so one pod whose region was not
+    a UUID failed the statement every loop, for every launch of every scheduler. Each region is
+    parsed in Python now: text that is not a UUID names no row, for that pod alone (``from_pod_
+    metadata`` refuses such a pod before it gets here), and the other launches are answered.
+    Before 3.4 no row has a region, and the statement compares none."""
+    from fenced_k8s_executor import provider_compat
+    from fenced_k8s_executor.launch import LaunchIdentity
+
+    sched = world.scheduler("fenced", start=False)
+    world.queue(sched, trigger=False)
+    t1 = world.row("t1")
+    hostile = ["not-a-uuid", "00000000-0000-0000-0000-00000000000g", "'; SELECT 1; --", "x" * 5000, "-1"]
+    pods = [LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1, dag_id=t1.dag_id,
+                           task_id=t1.task_id, run_id=t1.run_id, map_index=-1, region=region) for region in hostile]
+    reads = ledger.InFlightReads()
+    try:
+        for _ in range(2):  # the live set unknown, then known: the hostile launches asked by key both times
+            reading = reads.read([p.task for p in pods] + [_task(t1)], [_launch(t1)] + pods)
+            assert reading.rows == {_task(t1): reading.rows[_task(t1)]} and reading.rows[_task(t1)].token == t1.token
+            assert set(reading.changed) == {p.token for p in pods}  # t1's launch is current
+            for row in reading.changed.values():  # 3.4: no row; before: judged by the other four
+                assert row is None if provider_compat.task_columns().region is not None else row.ti_id == t1.id
+        assert ledger.read_rows([p.task for p in pods]) == {}
+    finally:
+        reads.close()

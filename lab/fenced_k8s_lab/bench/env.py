@@ -101,6 +101,8 @@ class RoundTrips:
     (``ledger.ROUND_TRIPS``: they use raw psycopg2 cursors); psycopg2 also sends BEGIN before a
     transaction's first statement and COMMIT/ROLLBACK at its end (none in autocommit), and with
     ``pool_pre_ping`` every pool checkout pings the server (SELECT 1, not seen by cursor events).
+    The fences' own pool (``fenced_k8s_executor.db``: their transactions, their pre-pings) is
+    counted with Airflow's engine.
     Statements psycopg2 sends on its own (``SET default_transaction_isolation`` when a
     connection with an explicit isolation level switches autocommit) are not seen either:
     checked with strace for the fenced read (2 round trips, ping and statement).
@@ -114,11 +116,12 @@ class RoundTrips:
         self.counts = {"statements": 0, "begin": 0, "commit": 0, "rollback": 0, "checkout": 0}
         self.texts: list[str] = []
         self.keep_texts = False
-        event.listen(engine, "before_cursor_execute", self._on_stmt)
-        event.listen(engine, "begin", lambda conn: self._bump_sent("begin", conn))
-        event.listen(engine, "commit", lambda conn: self._bump_sent("commit", conn))
-        event.listen(engine, "rollback", lambda conn: self._bump_sent("rollback", conn))
-        event.listen(engine.pool, "checkout", lambda *a: self._bump("checkout"))
+        for each in (engine, *_fences_engine(engine)):
+            event.listen(each, "before_cursor_execute", self._on_stmt)
+            event.listen(each, "begin", lambda conn: self._bump_sent("begin", conn))
+            event.listen(each, "commit", lambda conn: self._bump_sent("commit", conn))
+            event.listen(each, "rollback", lambda conn: self._bump_sent("rollback", conn))
+            event.listen(each.pool, "checkout", lambda *a: self._bump("checkout"))
 
     def _bump(self, name: str) -> None:
         self.counts[name] += 1
@@ -161,6 +164,16 @@ class RoundTrips:
         d["wire"] = (d["statements"] + d["prepare"] + d["begin"] + d["commit"] + d["rollback"]
                      + (d["checkout"] if self.pre_ping else 0))
         return d
+
+
+def _fences_engine(engine: Any) -> tuple:
+    """The fences' own engine, built from ``engine`` (none for package versions without one)."""
+    try:
+        from fenced_k8s_executor import db
+    except ImportError:
+        return ()
+    ours = db.engine()
+    return () if ours is engine else (ours,)
 
 
 # ---------------------------------------------------------------- subprocess helpers

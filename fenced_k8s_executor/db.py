@@ -1,0 +1,317 @@
+"""The fences' own connections to the metadata DB: Airflow's engine settings, a small pool of their
+own, and a bound on every statement they send.
+
+A pool of their own because the fences' single statements run in autocommit (no BEGIN and COMMIT
+round trips), and an autocommit connection must never reach Airflow's sessions: their
+transaction-scoped advisory locks and row locks would end with each statement. Everything else
+is Airflow's: the URL of ``airflow.settings.engine``, the engine arguments
+``settings.prepare_engine_args`` computes (``sql_alchemy_engine_args``, ``sql_alchemy_pool_recycle``,
+``sql_alchemy_pool_pre_ping``), the connect arguments (``sql_alchemy_connect_args``: SSL and the
+rest), ``settings.create_metadata_engine`` (which ``airflow_local_settings`` may override, for
+token authentication say) and Airflow's own event handlers (a forked child never uses its
+parent's connections). Connections go back to the pool transactional, whoever returns them.
+
+The bounds, on PostgreSQL through libpq (psycopg2 and psycopg 3); constants, not options, each
+with the ceiling it sets below. A keyword the URL or ``sql_alchemy_connect_args`` already sets is
+left as the operator set it.
+
+- TCP: keepalives and ``tcp_user_timeout`` on every connection, ``connect_timeout`` on every
+  connect. A NAT gateway or load balancer that forgets an idle flow drops its packets without a
+  word; Linux's defaults then retransmit for about 15 minutes before the statement fails.
+- The server: ``SET LOCAL statement_timeout`` inside each statement's own transaction (``BOUND``
+  at the head of a single statement's query string, or the first statement of a
+  ``bounded_connection`` / ``bounded_session``); never a session-level SET, which a pooler in
+  transaction mode would leave on a server connection other clients get.
+- The pool: Airflow's ``pool_pre_ping`` at every checkout, ``pool_recycle`` by age. The loop's
+  connection (``HeldConnection``) stays checked out between loops, so it goes back to the pool
+  after an idle spell and at the recycle age, and the next checkout applies both.
+
+For the deployment identity, the guards and any other fence that reads or writes a row:
+``bounded_session()`` (an ORM session) or ``bounded_connection()`` (Core), each one transaction
+on this pool, committed on exit, rolled back on an error, every statement bounded.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+#: Seconds a connect may take (libpq's ``connect_timeout``, per host): a server that does not
+#: answer costs a loop this much, where the kernel's SYN retries would take about two minutes.
+CONNECT_TIMEOUT = 5
+#: Milliseconds sent data may stay unacknowledged before the kernel drops the connection (libpq's
+#: ``tcp_user_timeout``, libpq 12+): the most a dead flow costs the one statement sent into it
+#: (the loop then reports a failed check, and the next loop opens a fresh connection). A live path
+#: acknowledges in milliseconds; TCP has retransmitted five times by then.
+TCP_USER_TIMEOUT_MS = 10_000
+#: Seconds of silence before the kernel probes an idle connection, then the seconds between probes
+#: and their count. Probes every 30 s keep the flow in any NAT or load balancer's table (the
+#: shortest idle timeouts in common use are 4-6 minutes), and a flow that died anyway is found
+#: while idle: with ``tcp_user_timeout`` the kernel drops it once a probe has gone unanswered that
+#: long, about 40 s after its last traffic, so the next checkout's ping fails at once.
+KEEPALIVES_IDLE, KEEPALIVES_INTERVAL, KEEPALIVES_COUNT = 30, 10, 3
+#: Milliseconds a fence statement may run in the server: the most a statement queued behind a lock
+#: (a migration's ACCESS EXCLUSIVE, say) or a bad plan costs a loop. The loop's statement takes
+#: about a millisecond at 3,000 launches in flight (docs/performance.md).
+STATEMENT_TIMEOUT_MS = 5_000
+#: Sent at the head of a single statement's query string in autocommit: PostgreSQL runs a string of
+#: several statements in one implicit transaction, so the setting ends with the statement.
+BOUND = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; "
+#: Seconds the loop's connection may sit unused before it goes back to the pool, whose pre-ping
+#: then checks it before the next statement: a server restart, a failover or a pooler's idle
+#: timeout closes it while nothing uses it, and the ping (one round trip per idle spell, not per
+#: loop) replaces it instead of failing a loop.
+IDLE_SPELL = 10.0
+#: Connections the pool keeps: the loop's and the sweep's lock (one-off reads borrow either
+#: between uses). Busier moments (several executors in one process, an api-server's run gate
+#: under a burst) open more, up to Airflow's ``max_overflow``, closed when given back.
+POOL_SIZE = 2
+#: Seconds a checkout waits for a free connection when ``max_overflow`` is reached.
+POOL_TIMEOUT = 5
+#: libpq keywords only the PostgreSQL drivers built on libpq take.
+LIBPQ_DRIVERS = ("psycopg2", "psycopg")
+
+#: Airflow's engine arguments the fences' pool sets for itself: bulk-insert tuning (the fences
+#: insert nothing in bulk, and psycopg2's keywords break a psycopg 3 engine) and the pool's shape.
+_NOT_INHERITED = ("executemany_mode", "executemany_batch_page_size", "executemany_values_page_size",
+                  "insertmanyvalues_page_size", "poolclass", "pool_size", "pool_timeout", "pool_use_lifo")
+_BORN = "fenced_k8s_executor.born"  # a DBAPI connection's connect time, in its pool record's info
+
+
+@dataclass(frozen=True)
+class _Built:
+    airflow: Any  # the airflow.settings.engine it was built from
+    engine: Any
+    recycle: float  # seconds (-1: never)
+
+
+_built: _Built | None = None
+_building = threading.Lock()
+
+
+def engine() -> Any:
+    """The fences' engine, built on first use from ``airflow.settings.engine`` (again whenever that
+    engine is replaced: ``settings.reconfigure_orm``, or a test's)."""
+    return _current().engine
+
+
+def dispose() -> None:
+    """Close the pool's idle connections (checked-out ones close when given back)."""
+    global _built
+    with _building:
+        built, _built = _built, None
+    if built is not None and built.engine is not built.airflow:
+        built.engine.dispose()
+
+
+def _current() -> _Built:
+    global _built
+    from airflow import settings
+
+    built = _built
+    if built is not None and built.airflow is settings.engine:
+        return built
+    with _building:
+        if _built is None or _built.airflow is not settings.engine:
+            old, _built = _built, _build(settings.engine)
+            if old is not None and old.engine is not old.airflow:
+                old.engine.dispose()
+        return _built
+
+
+def _build(airflow_engine: Any) -> _Built:
+    from sqlalchemy import event
+    from sqlalchemy.pool import QueuePool
+
+    from airflow import settings
+    from airflow.configuration import conf
+    from airflow.utils.orm_event_handlers import setup_event_handlers
+
+    if airflow_engine.dialect.name == "sqlite":  # no network, and a pool of its own would open another in-memory DB
+        return _Built(airflow_engine, airflow_engine, -1)
+    url = airflow_engine.url
+    args = settings.prepare_engine_args()  # Airflow's pool settings and the operator's engine arguments
+    for key in _NOT_INHERITED:
+        args.pop(key, None)
+    # Left out when Airflow's own pool is disabled: the fences keep theirs, with Airflow's values.
+    args.setdefault("pool_recycle", conf.getint("database", "sql_alchemy_pool_recycle", fallback=1800))
+    args.setdefault("pool_pre_ping", conf.getboolean("database", "sql_alchemy_pool_pre_ping", fallback=True))
+    args.setdefault("max_overflow", conf.getint("database", "sql_alchemy_max_overflow", fallback=10))
+    args.update(poolclass=QueuePool, pool_size=POOL_SIZE, pool_timeout=POOL_TIMEOUT,
+                pool_use_lifo=True)  # the most recently used first: the others idle, and are pinged or recycled
+    connect_args = dict(settings._get_connect_args("sync"))  # a copy: Airflow's engine keeps its own
+    for key, value in tcp_bounds(airflow_engine.dialect).items():
+        if key not in url.query and key not in connect_args:
+            connect_args[key] = value
+    ours = settings.create_metadata_engine(url.render_as_string(hide_password=False), engine_args=args,
+                                           connect_args=connect_args)
+    setup_event_handlers(ours)
+    event.listen(ours.pool, "connect", _born)
+    if ours.dialect.name == "postgresql":
+        event.listen(ours.pool, "checkin", _transactional)
+    _dispose_in_forked_children()
+    return _Built(airflow_engine, ours, float(args["pool_recycle"]))
+
+
+@functools.cache
+def _dispose_in_forked_children() -> None:
+    """As Airflow does for its own engine: a forked child opens connections of its own, and leaves
+    its parent's alone."""
+    def forget() -> None:
+        built = _built
+        if built is not None and built.engine is not built.airflow:
+            built.engine.dispose(close=False)
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=forget)
+
+
+def tcp_bounds(dialect: Any) -> dict[str, int]:
+    """The libpq keywords that bound a connection's TCP flow (none for other drivers)."""
+    if dialect.name != "postgresql" or dialect.driver not in LIBPQ_DRIVERS:
+        return {}
+    bounds = {"connect_timeout": CONNECT_TIMEOUT, "keepalives": 1, "keepalives_idle": KEEPALIVES_IDLE,
+              "keepalives_interval": KEEPALIVES_INTERVAL, "keepalives_count": KEEPALIVES_COUNT}
+    if _libpq_version(dialect.dbapi) >= 120000:  # an older libpq refuses the keyword
+        bounds["tcp_user_timeout"] = TCP_USER_TIMEOUT_MS
+    return bounds
+
+
+def _libpq_version(dbapi: Any) -> int:
+    pq = getattr(dbapi, "pq", None)  # psycopg 3
+    if pq is not None:
+        return int(pq.version())
+    return int(dbapi.extensions.libpq_version())  # psycopg2
+
+
+def _born(dbapi: Any, record: Any) -> None:
+    record.info[_BORN] = time.time()
+
+
+def _transactional(dbapi: Any, record: Any) -> None:
+    """Every connection goes back to the pool out of autocommit, whoever returns it (a reader
+    dropped without ``close``, say): the next checkout may be a transaction's, the sweep's lock."""
+    if dbapi is None or dbapi.closed or not dbapi.autocommit:
+        return
+    try:
+        dbapi.autocommit = False
+    except Exception as error:  # noqa: BLE001 - a transaction begun by hand (psycopg 3 refuses then)
+        record.invalidate(error)
+
+
+def _bound(conn: Any) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+
+
+@contextmanager
+def bounded_connection() -> Iterator[Any]:
+    """A SQLAlchemy ``Connection`` of the fences' pool in one transaction whose statements are
+    bounded by ``statement_timeout``: committed on exit, rolled back on an error. On PostgreSQL the
+    setting is the transaction's first statement (``SET LOCAL``)."""
+    with engine().begin() as conn:
+        _bound(conn)
+        yield conn
+
+
+@contextmanager
+def bounded_session() -> Iterator[Any]:
+    """An ORM ``Session`` on the fences' pool (Airflow's session defaults: no autoflush, no expiry
+    on commit), in one transaction bounded as ``bounded_connection``'s: committed on exit, rolled
+    back on an error. Pass it to Airflow's ``session=`` parameters (``Variable.set``, say)."""
+    from sqlalchemy.orm import Session
+
+    with Session(engine(), autoflush=False, expire_on_commit=False) as session, session.begin():
+        _bound(session.connection())
+        yield session
+
+
+@contextmanager
+def autocommit() -> Iterator[Any]:
+    """One pooled connection (SQLAlchemy's ``PoolProxiedConnection``: ``dbapi_connection``,
+    ``info``) in autocommit, for single statements whose query string starts with ``BOUND``.
+    Invalidated on any error: a connection that failed a statement is not trusted again.
+
+    The DBAPI flag is set directly, as SQLAlchemy's own pre-ping does: its
+    ``isolation_level="AUTOCOMMIT"`` would leave the connection with an explicit READ COMMITTED
+    level, after which psycopg2 sends ``SET default_transaction_isolation`` at every later switch."""
+    conn = engine().raw_connection()
+    try:
+        conn.dbapi_connection.autocommit = True
+        yield conn
+    except BaseException as error:
+        _discard(conn, error)
+        raise
+    conn.close()
+
+
+def _discard(conn: Any, error: BaseException) -> None:
+    """Close a connection that failed and give its place back to the pool (the next checkout
+    connects anew)."""
+    try:
+        conn.invalidate(error)
+        conn.close()
+    except Exception:  # noqa: BLE001 - a broken connection is gone either way
+        pass
+
+
+class HeldConnection:
+    """The loop's connection, kept checked out between loops in autocommit (a checkout per loop
+    would add the pool's pre-ping round trip to every loop). It goes back to the pool after an
+    idle spell (``IDLE_SPELL``) and once older than ``sql_alchemy_pool_recycle``, so that the next
+    checkout pings or replaces it, and is invalidated on any error. Used by one thread."""
+
+    def __init__(self) -> None:
+        self._conn: Any = None
+        self._built: _Built | None = None
+        self._used = 0.0  # time.monotonic() of the last statement
+
+    @property
+    def connection(self) -> Any:
+        """The connection held now (None between a release and the next use)."""
+        return self._conn
+
+    @contextmanager
+    def use(self) -> Iterator[Any]:
+        conn = self._checkout()
+        try:
+            yield conn
+        except BaseException as error:
+            self._conn = None
+            _discard(conn, error)
+            raise
+        self._used = time.monotonic()
+
+    def close(self) -> None:
+        """Give the connection back to the pool."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - a broken connection is gone either way
+                pass
+
+    def _checkout(self) -> Any:
+        built = _current()
+        if self._conn is not None and (built is not self._built or self._stale(built)):
+            self.close()
+        if self._conn is None:
+            conn = built.engine.raw_connection()  # the pool's pre-ping and recycle apply here
+            try:
+                conn.dbapi_connection.autocommit = True
+            except BaseException:
+                conn.close()
+                raise
+            self._conn, self._built = conn, built
+        return self._conn
+
+    def _stale(self, built: _Built) -> bool:
+        idle = time.monotonic() - self._used > IDLE_SPELL
+        born = self._conn.info.get(_BORN)
+        aged = built.recycle >= 0 and born is not None and time.time() - born > built.recycle
+        return idle or aged
