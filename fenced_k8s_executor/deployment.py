@@ -34,9 +34,10 @@ import hashlib
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
-from fenced_k8s_executor import sqlstate
+from fenced_k8s_executor import db, sqlstate
 from fenced_k8s_executor.config import _LABEL_VALUE as LABEL_VALUE
 from fenced_k8s_executor.config import FencedConfig, FencedConfigError
 from fenced_k8s_executor.names import CONFIG_SECTION
@@ -92,13 +93,27 @@ class Unreadable(Exception):
     """The server refused to say who it is (no privilege, no such function): not transient."""
 
 
-def read_identity(engine: Any, schema: str | None = None) -> tuple[str, str, str | None]:
-    """(server identity, database, schema) as the database itself reports them. Raises
-    ``Unreadable`` when the server deterministically will not say, other errors when it cannot
-    be reached (``sqlstate.transient``)."""
+@contextmanager
+def _session(engine: Any) -> Iterator[Any]:
+    """One transaction: on the fences' bounded pool (``db.bounded_session``), or on ``engine`` (tests)."""
+    if engine is None:
+        with db.bounded_session() as session:
+            yield session
+        return
+    from sqlalchemy.orm import Session
+
+    with Session(bind=engine) as session, session.begin():
+        yield session
+
+
+def read_identity(engine: Any = None, schema: str | None = None) -> tuple[str, str, str | None]:
+    """(server identity, database, schema) as the database itself reports them (``engine`` None:
+    the fences' bounded pool). Raises ``Unreadable`` when the server deterministically will not
+    say, other errors when it cannot be reached (``sqlstate.transient``)."""
     from sqlalchemy import exc, text
 
-    dialect = engine.dialect.name
+    dialect, url = _where(engine)
+
     queries = {
         "postgresql": "SELECT (SELECT system_identifier::text FROM pg_control_system()), current_database(),"
                       " current_schema()",
@@ -107,15 +122,15 @@ def read_identity(engine: Any, schema: str | None = None) -> tuple[str, str, str
     if dialect == "sqlite":
         import os
 
-        path = engine.url.database or ""
+        path = url.database or ""
         if not path or path == ":memory:":
             raise Unreadable("an in-memory SQLite database has no identity")
         return "sqlite-file", os.path.abspath(path), None
     if dialect not in queries:
         raise Unreadable(f"no identity query for the {dialect} dialect")
     try:
-        with engine.connect() as conn:
-            server, database, current = conn.execute(text(queries[dialect])).one()
+        with _session(engine) as session:
+            server, database, current = session.execute(text(queries[dialect])).one()
     except exc.DBAPIError as error:
         if sqlstate.transient(error):
             raise
@@ -125,12 +140,18 @@ def read_identity(engine: Any, schema: str | None = None) -> tuple[str, str, str
     return str(server), str(database), schema or current
 
 
+def _where(engine: Any) -> tuple[str, Any]:
+    """(dialect name, URL) of ``engine``, or of the fences' pool when None."""
+    engine = engine if engine is not None else db.engine()
+    return engine.dialect.name, engine.url
+
+
 def _seed(engine: Any, schema: str | None) -> str:
     """The first stored id: what 0.2.x derived when the database says who it is (pods launched
     before the upgrade keep their stamp), else a random one."""
     try:
         server, database, schema_name = read_identity(engine, schema)
-        return identity_id(engine.dialect.name, server, database, schema_name)
+        return identity_id(_where(engine)[0], server, database, schema_name)
     except Unreadable as why:
         log.warning("fenced_k8s_executor the metadata DB does not report its identity (%s): this deployment's "
                     "id is a random one", why)
@@ -156,27 +177,26 @@ def _checked(value: Any, where: str) -> str:
 
 def _read_or_store(engine: Any, schema: str | None, create: bool) -> str:
     from sqlalchemy import exc
-    from sqlalchemy.orm import Session
 
     from airflow.models.variable import Variable
 
-    with Session(bind=engine) as session:
+    with _session(engine) as session:
         found = _stored(session)
-        if found is not None:
-            return _checked(found.val, "stored")
-        if not create:
-            raise NotStored(f"no fenced scheduler has stored this deployment's id yet (Variable {ID_VARIABLE})")
+        value = None if found is None else found.val
+    if found is not None:
+        return _checked(value, "stored")
+    if not create:
+        raise NotStored(f"no fenced scheduler has stored this deployment's id yet (Variable {ID_VARIABLE})")
     seed = _seed(engine, schema)
-    with Session(bind=engine) as session:
-        session.add(Variable(key=ID_VARIABLE, val=seed, description=ID_DESCRIPTION))
-        try:
-            session.commit()
-        except exc.IntegrityError:  # another scheduler stored it first: theirs wins
-            session.rollback()
-        else:
-            log.info("fenced_k8s_executor stored this deployment's id %s in the Variable %s", seed, ID_VARIABLE)
-            return seed
-    with Session(bind=engine) as session:
+    try:
+        with _session(engine) as session:
+            session.add(Variable(key=ID_VARIABLE, val=seed, description=ID_DESCRIPTION))
+    except exc.IntegrityError:  # another scheduler stored it first: theirs wins
+        pass
+    else:
+        log.info("fenced_k8s_executor stored this deployment's id %s in the Variable %s", seed, ID_VARIABLE)
+        return seed
+    with _session(engine) as session:
         found = _stored(session)
         if found is None:
             raise NotStored(f"the Variable {ID_VARIABLE} vanished while it was being stored")
@@ -190,12 +210,10 @@ def resolve(fence: FencedConfig, engine: Any = None, schema: str | None = None, 
     from sqlalchemy import exc
 
     if engine is None:
-        from airflow import settings
         from airflow.configuration import conf
 
-        engine = settings.engine
         schema = schema or conf.get("database", "sql_alchemy_schema", fallback=None) or None
-    old = address_id(engine.url)
+    old = address_id(_where(engine)[1])
     if fence.deployment_id:
         return Deployment(fence.deployment_id, CONFIGURED, old)
     try:

@@ -220,13 +220,14 @@ class ApiGuard:
         from sqlalchemy import select
 
         from airflow.models.taskinstance import TaskInstance
-        from airflow.utils.session import create_session
+
+        from fenced_k8s_executor import db
 
         ids = [o.id for o in orphans if o.external_executor_id]
         if not ids:
             return 0
         launched = 0
-        with create_session(scoped=False) as session:
+        with db.bounded_session() as session:
             for ti in session.scalars(select(TaskInstance).where(TaskInstance.id.in_(ids))):
                 token = next(o.external_executor_id for o in orphans if str(o.id) == str(ti.id))
                 if ti.external_executor_id == token and ti.queued_by_job_id == self._scheduler_job_int():

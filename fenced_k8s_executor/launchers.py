@@ -48,13 +48,13 @@ def read_jobs(ids: Iterable[int]) -> tuple[dict[int, verdicts.JobFact], int | No
     """This database's rows of the scheduler jobs ``ids`` (absent: no such row) and the highest job
     id it has allocated. Raises on DB errors."""
     from sqlalchemy import func, select
-    from sqlalchemy.orm import Session
 
-    from airflow import settings
     from airflow.jobs.job import Job
 
+    from fenced_k8s_executor import db
+
     wanted = sorted(set(ids))
-    with Session(bind=settings.engine) as session:
+    with db.bounded_session() as session:
         jobs = session.scalars(select(Job).where(Job.id.in_(wanted))).all() if wanted else []
         last = session.scalar(select(func.max(Job.id)))
         found = {job.id: verdicts.JobFact(job.start_date, job.latest_heartbeat, job.is_alive()) for job in jobs}
