@@ -188,9 +188,13 @@ def _read_or_store(engine: Any, schema: str | None, create: bool) -> str:
     if not create:
         raise NotStored(f"no fenced scheduler has stored this deployment's id yet (Variable {ID_VARIABLE})")
     seed = _seed(engine, schema)
+    variable = Variable(key=ID_VARIABLE, description=ID_DESCRIPTION)
+    # Stored in clear, whatever the fernet key: the id is no secret, and every component (the CLI,
+    # a scheduler with a rotated or missing key) must read it; an encrypted one reads as None there.
+    variable._val, variable.is_encrypted = seed, False
     try:
         with _session(engine) as session:
-            session.add(Variable(key=ID_VARIABLE, val=seed, description=ID_DESCRIPTION))
+            session.add(variable)
     except exc.IntegrityError:  # another scheduler stored it first: theirs wins
         pass
     else:

@@ -123,6 +123,19 @@ def test_the_id_survives_an_airflow_upgrade(primary):
     assert _id(server.url(DB)) == before
 
 
+def test_the_id_is_stored_in_clear_for_every_component_whatever_its_fernet_key(primary):
+    """A Variable Airflow encrypts reads as None in a process with another fernet key (the CLI in a
+    half-configured container, a scheduler mid key rotation): the id is no secret, stored in clear."""
+    (server,) = primary
+    found = _id(server.url(DB))
+    engine = sa.create_engine(server.url(DB), poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT val, is_encrypted FROM variable WHERE key = :k"),
+                              {"k": deployment.ID_VARIABLE}).one()
+    engine.dispose()
+    assert tuple(stored) == (found, False)
+
+
 def test_pods_launched_before_the_stored_id_keep_their_stamp(primary):
     """Upgrading from 0.2.x: the first stored id is the one 0.2.x derived from the system identifier,
     the database and the schema, so the pods in flight at the upgrade are still this deployment's."""
