@@ -70,6 +70,14 @@ def report(call: str, error: BaseException, then: str = "retrying next loop") ->
     log.warning("fenced_k8s_executor API error call=%s status=%s %s: %s", call, status, then, detail)
 
 
+def _coordinates(pod: Any) -> Any:
+    """The provider's task key of a pod (its coordinate annotations), or None when they do not read."""
+    try:
+        return annotations_to_key(pod.metadata.annotations)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 @dataclass(frozen=True)
 class _Orphan:
     """What adoption needs of a dead scheduler's TI once its session is gone (what the provider's
@@ -176,7 +184,7 @@ class ApiGuard:
         kept = []
         for pod, launch in zip(found, launches):
             job = jobs.get(launch.launcher.job_id) if launch is not None and launch.launcher is not None else None
-            adopting = self._adopting.get(annotations_to_key(pod.metadata.annotations)) if self._adopting else None
+            adopting = self._adopting.get(_coordinates(pod)) if self._adopting else None
             if not verdicts.hidden_from_provider(launch, self._stamps_of_ours, self.deployment, job,
                                                  self.launchers.collision, self.launchers.last_job_id,
                                                  getattr(adopting, "external_executor_id", None)):
