@@ -280,7 +280,7 @@ def _mapping(annotations: Any) -> Mapping | None:
     """Annotations as a mapping: a dict as the lists and the watch give them, or the dynamic
     client's ``ResourceField`` (the provider's lists), whose ``get`` an annotation named "get"
     would shadow; None for anything else."""
-    if isinstance(annotations, Mapping) or annotations is None:
+    if type(annotations) is dict or annotations is None or isinstance(annotations, Mapping):
         return annotations
     to_dict = getattr(type(annotations), "to_dict", None)
     data = to_dict(annotations) if to_dict is not None else None
@@ -291,6 +291,8 @@ def _uuid_text(value: object) -> str | None:
     """A UUID as ``str(uuid)`` writes it (in either case), in its canonical spelling; else None.
     Only that spelling: what the executor writes, and nothing ``uuid.UUID`` would stretch to."""
     if isinstance(value, str) and len(value) == 36:
+        if _CANONICAL.fullmatch(value):  # as the executor writes it
+            return value
         value = value.lower()
         if _CANONICAL.fullmatch(value):
             return value

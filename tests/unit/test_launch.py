@@ -268,10 +268,11 @@ _HOSTILE = st.one_of(
                      "0b3a3d2c-7f4e-4c1a-9d2b-5e6f7a8b9c0", "{0b3a3d2c-7f4e-4c1a-9d2b-5e6f7a8b9c0d}"]),
     _UUIDS.map(lambda u: u + "\x00"),
 )
+_TASK_ID = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), min_size=1, max_size=250)
 _READABLE = {
     TI_ID_ANNOTATION: _UUIDS, TOKEN_ANNOTATION: _UUIDS, TRY_NUMBER_ANNOTATION: st.integers(0, 2**31 - 1).map(str),
-    SCHEDULER_JOB_ANNOTATION: st.integers(0, 2**63 - 1).map(str), "dag_id": st.text(min_size=1, max_size=250),
-    "task_id": st.text(min_size=1, max_size=250), "run_id": st.text(min_size=1, max_size=250),
+    SCHEDULER_JOB_ANNOTATION: st.integers(0, 2**63 - 1).map(str), "dag_id": _TASK_ID, "task_id": _TASK_ID,
+    "run_id": _TASK_ID,
     "map_index": st.integers(-(2**31), 2**31 - 1).map(str), DEPLOYMENT_ANNOTATION: st.from_regex(
         r"\A[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z"), REGION_ANNOTATION: _UUIDS,
     SCHEDULER_STARTED_ANNOTATION: st.datetimes(timezones=st.timezones()).map(datetime.isoformat),
