@@ -78,11 +78,11 @@ class Launcher:
     started: datetime
     heartbeat: datetime
 
-    def __post_init__(self) -> None:
+    def annotations(self) -> dict[str, str]:
+        """Written in UTC. Checked here, where the executor stamps a pod, not at construction: a
+        sweep reads a launcher off every pod it lists, and a naive time cannot come from there."""
         if self.started.utcoffset() is None or self.heartbeat.utcoffset() is None:
             raise ValueError("Launcher times must be timezone-aware")
-
-    def annotations(self) -> dict[str, str]:
         return {SCHEDULER_STARTED_ANNOTATION: _utc(self.started).isoformat(),
                 SCHEDULER_HEARTBEAT_ANNOTATION: _utc(self.heartbeat).isoformat()}
 
@@ -343,8 +343,17 @@ def _stamp(value: object) -> datetime | None:
     """An aware ISO 8601 time as UTC, or None (not a string, too long, naive, or out of range)."""
     if not isinstance(value, str) or len(value) > STAMP_MAX:
         return None
+    return _parsed_stamp(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_stamp(text: str) -> datetime | None:
+    """Parsed once per string: every pod of one scheduler carries its start, and the pods it built
+    between two heartbeats the same heartbeat."""
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = datetime.fromisoformat(text)
+        if parsed.tzinfo is timezone.utc:  # as ``Launcher.annotations`` writes it
+            return parsed
         return _utc(parsed) if parsed.utcoffset() is not None else None
     except (ValueError, OverflowError):
         return None
