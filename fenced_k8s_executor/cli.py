@@ -41,6 +41,8 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str
     from fenced_k8s_executor.metrics import short
 
     launch = ref.launch
+    if launch is not None and launch.malformed:
+        return f"malformed: {launch.malformed}", KEEP, "its launch identity does not read: never fenced"
     if launch is None or launch.legacy:
         return "legacy (no token)", KEEP, "no launch token (stock, or before the switch): never fenced"
     if not verdicts.owned(launch, deployment.id):

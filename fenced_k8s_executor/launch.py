@@ -3,7 +3,7 @@
 Pure data and pure conversions to and from pod metadata. A *token* is the UUID the scheduler
 pre-assigns to ``TaskInstance.external_executor_id`` for every QUEUED transition; anything else
 found there (None, or a scheduler job id written by the stock executor) is *legacy* and never
-used as evidence.
+used as evidence. What a pod says is read in one place, ``from_pod_metadata``, and checked there.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Mapping
+from typing import Any, Mapping
 
 from fenced_k8s_executor.names import (
     DEPLOYMENT_ANNOTATION,
@@ -78,11 +78,11 @@ class Launcher:
     started: datetime
     heartbeat: datetime
 
-    def __post_init__(self) -> None:
+    def annotations(self) -> dict[str, str]:
+        """Written in UTC. Checked here, where the executor stamps a pod, not at construction: a
+        sweep reads a launcher off every pod it lists, and a naive time cannot come from there."""
         if self.started.utcoffset() is None or self.heartbeat.utcoffset() is None:
             raise ValueError("Launcher times must be timezone-aware")
-
-    def annotations(self) -> dict[str, str]:
         return {SCHEDULER_STARTED_ANNOTATION: _utc(self.started).isoformat(),
                 SCHEDULER_HEARTBEAT_ANNOTATION: _utc(self.heartbeat).isoformat()}
 
@@ -104,11 +104,16 @@ class LaunchIdentity:
     region: str = ""  # Airflow 3.4 dynamic region ("": none)
     launcher: Launcher | None = None  # with scheduler_job_id; None: not stamped, or unreadable
 
+    #: Why the pod's identity does not read (its first bad field), or None. Set by
+    #: ``from_pod_metadata``, once: identities the executor builds from workloads are trusted.
+    malformed: str | None = None
+
     # Derived values are cached on the (immutable) instance: every loop asks them of every launch
     # in flight, and a sweep of every pod it lists.
     @functools.cached_property
     def legacy(self) -> bool:
-        return as_token(self.token) is None
+        """No launch token, or an identity that does not read: either way never evidence."""
+        return self.malformed is not None or as_token(self.token) is None
 
     @functools.cached_property
     def creator(self) -> int | None:
@@ -123,20 +128,6 @@ class LaunchIdentity:
         if not (self.dag_id and self.task_id and self.run_id) or self.map_index is None or self.malformed:
             return None
         return task_key(self.dag_id, self.task_id, self.run_id, int(self.map_index), self.region)
-
-    @functools.cached_property
-    def malformed(self) -> str | None:
-        """Why this identity cannot be put to the database as it is, or None. The loop reads every
-        launch in flight in one statement, so one pod's bad annotation must cost that pod alone
-        (it is skipped), never the statement: a TI id that is no UUID, a NUL in a text field (which
-        PostgreSQL refuses), a map index beyond a 32-bit integer."""
-        if _uuid(self.ti_id) is None:
-            return "ti_id is not a UUID"
-        if any("\x00" in (value or "") for value in (self.dag_id, self.task_id, self.run_id)):
-            return "task key holds a NUL character (dag_id, task_id or run_id)"
-        if self.map_index is not None and not -(2**31) <= int(self.map_index) < 2**31:
-            return "map_index out of range"
-        return None
 
     def annotations(self) -> dict[str, str]:
         data = {TI_ID_ANNOTATION: self.ti_id, TRY_NUMBER_ANNOTATION: str(self.try_number)}
@@ -195,79 +186,174 @@ class TaskRow:
         return task_key(self.dag_id, self.task_id, self.run_id, int(self.map_index), self.region)
 
 
-def _uuid(value: object) -> str | None:
-    try:
-        return str(uuid.UUID(str(value)))
-    except (TypeError, ValueError):
-        return None
+#: Airflow's ``ID_LEN``: the longest dag_id, task_id and run_id its columns hold.
+ID_LEN = 250
+#: A Kubernetes label value (the deployment id is one: it is a label too), not empty.
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+#: Airflow 3.4's region of a task outside any (``provider_compat.SENTINEL_REGION``): no region.
+_NO_REGION = str(uuid.UUID(int=0))
+_ABSENT = object()
 
 
-def _int(value: object, default: int) -> int:
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return default
-
-
-def _map_index(value: object) -> int | None:
-    """-1 when absent (the provider writes it only for a mapped task), the number when it is
-    one, and None otherwise: a pod whose map index does not read exactly names no task, so it
-    is never fenced (read as -1, a mapped task's pod would look like a task without a row)."""
-    if value is None:
-        return -1
-    text = value if isinstance(value, str) else str(value)
-    digits = text[1:] if text.startswith("-") else text
-    return int(text) if digits.isascii() and digits.isdigit() else None
-
-
-def from_pod_metadata(annotations: Mapping[str, str] | None) -> LaunchIdentity | None:
+def from_pod_metadata(annotations: Any, *, regions: bool = True) -> LaunchIdentity | None:
     """The launch identity a pod carries, or None for a pod without our annotations (legacy).
 
-    The task coordinates come from the provider's own annotations (dag_id, task_id, run_id,
-    map_index), which every executor pod carries.
+    A pod's annotations are a trust boundary: anyone who can write a pod can write them, in any
+    shape (a protobuf client even bytes that are not UTF-8, read here as lone surrogates; a JSON
+    body or a test, values that are not strings). So every field a fence reads is parsed and
+    checked here, once, and the statements, logs and verdicts downstream only ever see canonical
+    values. A field present but unreadable makes the identity ``malformed`` (naming the first such
+    field); that field then holds its absent value, and the launch names no task (``task`` None)
+    and counts as ``legacy``: never put to the database, never fenced, never deleted. It costs that
+    pod alone. The task coordinates come from the provider's own annotations (dag_id, task_id,
+    run_id, map_index), which every executor pod carries; a pod without them names no task either.
+    ``regions``: whether the installed Airflow has dynamic regions (3.4): before it, a pod naming
+    one names no task that can have a row.
     """
-    annotations = annotations or {}
-    ti_id = annotations.get(TI_ID_ANNOTATION)
-    if not ti_id:
+    annotations = _mapping(annotations)
+    if annotations is None or TI_ID_ANNOTATION not in annotations:
         return None
+    get = annotations.get
+    bad: list[str] = []
+    ti_id = _uuid_text(get(TI_ID_ANNOTATION))
+    if ti_id is None:
+        bad.append("ti_id is not a UUID")
+    token = get(TOKEN_ANNOTATION, _ABSENT)
+    if token is _ABSENT:
+        token = None
+    elif (token := _uuid_text(token)) is None:
+        bad.append("launch_token is not a UUID")
+    try_number = _number(get(TRY_NUMBER_ANNOTATION), 2**31)
+    if try_number is None:
+        bad.append("try_number is not a number in [0, 2^31)")
+    job = get(SCHEDULER_JOB_ANNOTATION, _ABSENT)
+    if job is _ABSENT:
+        job = None
+    elif (job := _number(job, 2**63)) is None:
+        bad.append("scheduler_job_id is not a number in [0, 2^63)")
+    coordinates = []
+    for name in ("dag_id", "task_id", "run_id"):
+        value = get(name, _ABSENT)
+        if value is _ABSENT:
+            value = None
+        elif not _id_text(value):
+            value = None
+            bad.append(f"{name} is not 1-{ID_LEN} characters of UTF-8 without NUL")
+        coordinates.append(value)
+    map_index = get("map_index", _ABSENT)
+    if map_index is _ABSENT:
+        map_index = -1
+    elif (map_index := _map_index(map_index)) is None:
+        bad.append("map_index is not a 32-bit integer")
+    deployment = get(DEPLOYMENT_ANNOTATION, _ABSENT)
+    if deployment is _ABSENT:
+        deployment = None
+    elif not (isinstance(deployment, str) and _LABEL_VALUE.fullmatch(deployment)):
+        deployment = None
+        bad.append("deployment is not a Kubernetes label value")
+    region = get(REGION_ANNOTATION, "")
+    if region != "":
+        region = _uuid_text(region)
+        if region == _NO_REGION:
+            region = ""
+        elif region is None or not regions:
+            bad.append("region_id is not a UUID" if region is None
+                       else "region_id names a dynamic region, which this Airflow has not")
+            region = ""
     return LaunchIdentity(
-        ti_id=str(ti_id),
-        token=as_token(annotations.get(TOKEN_ANNOTATION)),
-        try_number=_int(annotations.get(TRY_NUMBER_ANNOTATION), 0),
-        scheduler_job_id=annotations.get(SCHEDULER_JOB_ANNOTATION),
-        dag_id=annotations.get("dag_id"),
-        task_id=annotations.get("task_id"),
-        run_id=annotations.get("run_id"),
-        map_index=_map_index(annotations.get("map_index")),
-        deployment=annotations.get(DEPLOYMENT_ANNOTATION) or None,
-        region=str(annotations.get(REGION_ANNOTATION) or "").lower(),
-        launcher=_launcher(annotations.get(SCHEDULER_JOB_ANNOTATION), annotations.get(SCHEDULER_STARTED_ANNOTATION),
-                           annotations.get(SCHEDULER_HEARTBEAT_ANNOTATION)),
+        ti_id=ti_id or "",
+        token=token,
+        try_number=try_number or 0,
+        scheduler_job_id=None if job is None else str(job),
+        dag_id=coordinates[0],
+        task_id=coordinates[1],
+        run_id=coordinates[2],
+        map_index=map_index,
+        deployment=deployment,
+        region=region,
+        launcher=_launcher(job, get(SCHEDULER_STARTED_ANNOTATION), get(SCHEDULER_HEARTBEAT_ANNOTATION)),
+        malformed=bad[0] if bad else None,
     )
 
 
-def _launcher(job_id: object, started: object, heartbeat: object) -> Launcher | None:
-    """The launcher a pod names, or None when any of its three stamps is missing or unreadable:
-    never a reason to call the pod malformed (its launch is judged by its token; only deletes
-    need the launcher, and an unknown one is never deleted for)."""
-    job, began, beat = _job_id(job_id), _stamp(started), _stamp(heartbeat)
-    return Launcher(job, began, beat) if job is not None and began and beat else None
+def _mapping(annotations: Any) -> Mapping | None:
+    """Annotations as a mapping: a dict as the lists and the watch give them, or the dynamic
+    client's ``ResourceField`` (the provider's lists), whose ``get`` an annotation named "get"
+    would shadow; None for anything else."""
+    if type(annotations) is dict or annotations is None or isinstance(annotations, Mapping):
+        return annotations
+    to_dict = getattr(type(annotations), "to_dict", None)
+    data = to_dict(annotations) if to_dict is not None else None
+    return data if isinstance(data, Mapping) else None
 
 
-def _job_id(value: object) -> int | None:
-    """A SchedulerJob id: a plain decimal number that fits its bigint column."""
-    if not isinstance(value, str) or not (value.isascii() and value.isdigit()):
+def _uuid_text(value: object) -> str | None:
+    """A UUID as ``str(uuid)`` writes it (in either case), in its canonical spelling; else None.
+    Only that spelling: what the executor writes, and nothing ``uuid.UUID`` would stretch to."""
+    if isinstance(value, str) and len(value) == 36:
+        if _CANONICAL.fullmatch(value):  # as the executor writes it
+            return value
+        value = value.lower()
+        if _CANONICAL.fullmatch(value):
+            return value
+    return None
+
+
+def _number(value: object, bound: int) -> int | None:
+    """A plain decimal number (ASCII digits, at most 20 of them) in [0, bound), or None."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
+        number = int(value)
+        return number if number < bound else None
+    return None
+
+
+def _map_index(value: object) -> int | None:
+    """A map index: a decimal 32-bit integer (the provider writes it only for a mapped task)."""
+    if isinstance(value, str) and value.startswith("-"):
+        number = _number(value[1:], 2**31 + 1)
+        return None if number is None else -number
+    return _number(value, 2**31)
+
+
+def _id_text(value: object) -> bool:
+    """A dag_id, task_id or run_id that a row could hold: 1 to ``ID_LEN`` characters, no NUL
+    (PostgreSQL refuses it in text), encodable as UTF-8 (no lone surrogate)."""
+    if not isinstance(value, str) or not 0 < len(value) <= ID_LEN or "\x00" in value:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _launcher(job: int | None, started: object, heartbeat: object) -> Launcher | None:
+    """The launcher a pod names, or None when any of its three stamps is missing or unreadable
+    (``job``: the scheduler job id, read): never a reason to call the pod malformed (its launch is
+    judged by its token; only deletes need the launcher, and an unknown one is never deleted for)."""
+    if job is None or started is None or heartbeat is None:
         return None
-    number = int(value) if len(value) <= 20 else 2**63
-    return number if number < 2**63 else None
+    began, beat = _stamp(started), _stamp(heartbeat)
+    return Launcher(job, began, beat) if began and beat else None
 
 
 def _stamp(value: object) -> datetime | None:
     """An aware ISO 8601 time as UTC, or None (not a string, too long, naive, or out of range)."""
     if not isinstance(value, str) or len(value) > STAMP_MAX:
         return None
+    return _parsed_stamp(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_stamp(text: str) -> datetime | None:
+    """Parsed once per string: every pod of one scheduler carries its start, and the pods it built
+    between two heartbeats the same heartbeat."""
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = datetime.fromisoformat(text)
+        if parsed.tzinfo is timezone.utc:  # as ``Launcher.annotations`` writes it
+            return parsed
         return _utc(parsed) if parsed.utcoffset() is not None else None
     except (ValueError, OverflowError):
         return None

@@ -8,6 +8,7 @@ reported to the caller as "nothing done", never raised into the scheduler loop.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -47,9 +48,18 @@ def ref_from_metadata(metadata: Any) -> PodRef:
         name=metadata.name,
         namespace=metadata.namespace,
         uid=getattr(metadata, "uid", None),
-        launch=from_pod_metadata(annotations),
+        launch=from_pod_metadata(annotations, regions=_regions()),
         deleting=bool(getattr(metadata, "deletion_timestamp", None) or getattr(metadata, "deletionTimestamp", None)),
     )
+
+
+@functools.cache
+def _regions() -> bool:
+    """Whether a task can sit in a dynamic region on the installed Airflow (3.4): before it, a pod
+    naming one names no task that has a row (read as "the task is gone", it would be deleted)."""
+    from fenced_k8s_executor import provider_compat
+
+    return provider_compat.task_columns().region is not None
 
 
 def _as_dict(value: Any) -> dict[str, str]:
@@ -362,4 +372,5 @@ def _refs(unread: Any) -> list[PodRef]:
 def _ref_of(meta: dict) -> PodRef:
     """The ref of a pod's metadata as a list or a watch gives it (JSON keys, or ``metadata_pb``'s)."""
     return PodRef(name=meta.get("name"), namespace=meta.get("namespace"), uid=meta.get("uid"),
-                  launch=from_pod_metadata(meta.get("annotations")), deleting=bool(meta.get("deletionTimestamp")))
+                  launch=from_pod_metadata(meta.get("annotations"), regions=_regions()),
+                  deleting=bool(meta.get("deletionTimestamp")))

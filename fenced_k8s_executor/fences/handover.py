@@ -71,7 +71,15 @@ class HandoverFence:
         if not self._fencing:
             return super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
         ref = pods.ref_from_metadata(pod.metadata)
-        coordinates = annotations_to_key(pod.metadata.annotations)
+        try:
+            coordinates = annotations_to_key(pod.metadata.annotations)
+        except (KeyError, TypeError, ValueError) as error:
+            # The provider's own coordinates do not read (a try_number or map_index that is no
+            # number): stock fails the whole adoption on it. This pod alone is left alone.
+            metrics.incr("pod.malformed", {"reason": "task_key"})
+            log.warning("fenced_k8s_executor pod %s/%s is not adopted: its task coordinates cannot be read (%s)",
+                        ref.namespace, ref.name, type(error).__name__)
+            return
         ti = tis_to_flush_by_key.get(coordinates) or self._adopting.get(coordinates)
         if ti is not None and ref.launch is not None:
             verdict = verdicts.should_adopt(ref.launch, ti.external_executor_id)
@@ -133,8 +141,8 @@ class HandoverFence:
                     request_args=self._api_args,
                 ):
                     for ref in page:
-                        if ref.deleting or ref.launch is None or ref.launch.ti_id != str(ti.id):
-                            continue
+                        if ref.deleting or ref.launch is None or ref.launch.malformed or ref.launch.ti_id != str(ti.id):
+                            continue  # a malformed pod is never deleted: nothing it says is evidence
                         if not self._owned(ref.launch, f"{ref.namespace}/{ref.name}"):
                             continue
                         deleted = False

@@ -7,7 +7,8 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fenced_k8s_executor.launch import LaunchIdentity
+from fenced_k8s_executor.launch import LaunchIdentity, from_pod_metadata
+from fenced_k8s_executor.names import TI_ID_ANNOTATION
 from fenced_k8s_executor.in_flight import InFlightView
 from fenced_k8s_executor.pods import PodRef
 
@@ -76,10 +77,10 @@ def test_memory_is_bounded_by_the_pods_still_in_flight(events):
 def test_a_malformed_pod_is_kept_but_never_offered():
     """One pod's unreadable identity must cost that pod alone: it is never put to the database."""
     view = InFlightView()
-    bad = PodRef("bad", "ns", "u-bad", LaunchIdentity(ti_id="not-a-uuid", token=str(uuid.uuid4()), try_number=1,
-                                                      dag_id="d", task_id="t", run_id="r"))
-    nul = PodRef("nul", "ns", "u-nul", LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()),
-                                                      try_number=1, dag_id="d\x00", task_id="t", run_id="r"))
+    pod = {**LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1).annotations(),
+           "dag_id": "d", "task_id": "t", "run_id": "r"}  # malformed is read off a pod, once
+    bad = PodRef("bad", "ns", "u-bad", from_pod_metadata({**pod, TI_ID_ANNOTATION: "not-a-uuid"}))
+    nul = PodRef("nul", "ns", "u-nul", from_pod_metadata({**pod, "dag_id": "d\x00"}))
     good = ref("good")
     for r in (bad, nul, good):
         view.apply("ADDED", r)

@@ -121,3 +121,44 @@ def test_a_repeated_list_meta_merges_as_protobuf_says(list_metas, token):
 
     assert metadata_pb.decode_list(envelope)[1] == token
     assert metadata_pb.continue_token(envelope) == token
+
+
+def _page(*items: bytes) -> bytes:
+    return metadata_pb.MAGIC + _field(2, b"".join(_field(2, _field(1, item)) for item in items))
+
+
+def _pod(name: str, annotations: dict[bytes, bytes]) -> bytes:
+    return _text(1, name) + _text(3, "ns") + _text(5, f"uid-{name}") + b"".join(
+        _field(12, _field(1, key) + _field(2, value)) for key, value in annotations.items())
+
+
+def test_bytes_that_are_not_utf8_cost_that_pod_alone():
+    """Issue 45 item 4: a protobuf client can write an annotation that is not UTF-8, and the
+    apiserver keeps it. Decoded strictly, it failed the whole page (a ValueError: an API error),
+    so the in-flight list, the sweep, revoke's listing and the CLI failed for the namespace. Now
+    the page reads, and that pod alone is malformed."""
+    from fenced_k8s_executor import pods
+    from fenced_k8s_executor.launch import LaunchIdentity
+
+    good = LaunchIdentity(ti_id="0b3a3d2c-7f4e-4c1a-9d2b-5e6f7a8b9c0d", token="5f0c6d1e-2a3b-4c4d-8e5f-6a7b8c9d0e1f",
+                          try_number=1, scheduler_job_id="7", dag_id="d", task_id="t", run_id="r", deployment="db")
+    annotations = {k.encode(): v.encode() for k, v in {**good.annotations(), "dag_id": "d", "task_id": "t",
+                                                        "run_id": "r"}.items()}
+    bad = {**annotations, b"fenced-k8s-executor.io/region-id": b"\xff\xfe\x00", b"dag_id": b"d\xc3"}
+
+    refs = pods._refs(_page(_pod("good", annotations), _pod("bad", bad), _pod("\xe9", annotations)))
+
+    assert [ref.name for ref in refs] == ["good", "bad", "\xe9"]
+    assert refs[0].launch == good and refs[2].launch == good
+    assert refs[1].launch.malformed.startswith("dag_id ") and refs[1].launch.task is None
+
+
+@given(value=st.binary(max_size=300), key=st.binary(max_size=40))
+def test_any_bytes_in_a_pods_strings_read_back_exactly(value, key):
+    """Lenient, not lossy: what the client wrote is what ``surrogateescape`` gives back."""
+    item = _field(1, b"p\xff") + _field(12, _field(1, key) + _field(2, value))
+    (meta,), _ = metadata_pb.decode_list(_page(item))
+    (read_key, read_value), = meta["annotations"].items()
+    assert read_key.encode("utf-8", "surrogateescape") == key
+    assert read_value.encode("utf-8", "surrogateescape") == value
+    assert meta["name"].encode("utf-8", "surrogateescape") == b"p\xff"
