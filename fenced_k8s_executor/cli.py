@@ -34,9 +34,11 @@ def commands() -> list:
     return [GroupCommand(name=GROUP, help="Inspect the fenced KubernetesExecutor's launches", subcommands=(pods,))]
 
 
-def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str, str]:
+def judge(ref: Any, row: Any, deployment: Any, finished: bool, job: Any = None, collision: bool = False,
+          evidence: str | None = None) -> tuple[str, str, str]:
     """(standing, what enforce would do, why) for one pod; ``row`` is its task's current row
-    (None: no row), ``deployment`` a ``deployment.Deployment``."""
+    (None: no row), ``deployment`` a ``deployment.Deployment``, ``job`` this database's row of the
+    pod's launcher (``verdicts.JobFact``), ``evidence`` what proves another database launched it."""
     from fenced_k8s_executor import verdicts
     from fenced_k8s_executor.metrics import short
 
@@ -45,12 +47,15 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str
         return f"malformed: {launch.malformed}", KEEP, "its launch identity does not read: never fenced"
     if launch is None or launch.legacy:
         return "legacy (no token)", KEEP, "no launch token (stock, or before the switch): never fenced"
-    if not verdicts.owned(launch, deployment.id):
+    if launch.deployment != deployment.id:
         if launch.deployment and launch.deployment == deployment.address_id:
             return "this deployment (old stamp)", KEEP, "the id builds before 0.2.0 derived from the DB address: left alone"
         return "another deployment's", KEEP, f"stamped {launch.deployment or 'with no deployment'}: never touched"
+    if evidence is not None:
+        return ("launched by another database", KEEP, f"stamped with this deployment's id, but {evidence}: a copy of "
+                "this metadata DB shares the id (collision): never deleted; give one its own deployment_id")
     standing = verdicts.standing(launch, row)
-    verdict = verdicts.should_delete(launch, row, deployment.id, ref.name)
+    verdict = verdicts.should_delete(launch, row, deployment.id, ref.name, job, collision)
     name = {verdicts.Standing.TASK_GONE: "task gone", verdicts.Standing.LEGACY_LAUNCH: "legacy (no task)",
             verdicts.Standing.LEGACY_ROW: "legacy row"}.get(standing, standing.value)
     if ref.deleting:
@@ -61,6 +66,10 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str
         why = ("the task has no row (run or DAG deleted)" if standing is verdicts.Standing.TASK_GONE
                else f"the task's row names launch {short(row.token)} now")
         return name, DELETE, why
+    if verdict.reason is verdicts.Reason.FOREIGN:
+        found = verdicts.provenance(launch.launcher, job).value
+        return name, KEEP, (f"this database cannot tell it launched it (launcher {found}): never deleted"
+                            + (" while the collision lasts" if collision else ""))
     return name, KEEP, {verdicts.Standing.CURRENT: "the task's row names this launch",
                         verdicts.Standing.LEGACY_ROW: "the task's row has no token: no evidence",
                         verdicts.Standing.LEGACY_LAUNCH: "the pod names no task"}.get(
@@ -71,30 +80,43 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool) -> tuple[str, str
 def survey(kube_client: Any, namespaces: Iterable[str | None], deployment: Any, *, request_args: dict | None = None,
            page_size: int = 500) -> list[dict]:
     """One row per executor pod in ``namespaces``: metadata-only lists (all pods, then the
-    unfinished ones, which tells the finished apart) and one DB read per page of this deployment's."""
-    from fenced_k8s_executor import ledger, pods, sweep, verdicts
+    unfinished ones, which tells the finished apart), one DB read per page of this deployment's
+    pods, and their launchers checked against this database's scheduler jobs (``launchers``): a
+    pod another database launched under this deployment's id is a row of its own."""
+    from fenced_k8s_executor import ledger, pods, sweep
+    from fenced_k8s_executor.launchers import Launchers
     from fenced_k8s_executor.metrics import short
 
-    out = []
+    launchers = Launchers()
+    judged = []
     for namespace in namespaces:
         unfinished = {(ref.namespace, ref.name) for page in pods.list_pages(
             kube_client, namespace, label_selector=EXECUTOR_PODS, field_selector=sweep.SWEEP_FIELD_SELECTOR,
             page_size=page_size, request_args=request_args) for ref in page}
         for page in pods.list_pages(kube_client, namespace, label_selector=EXECUTOR_PODS, page_size=page_size,
                                     request_args=request_args):
-            ours = [ref.launch.task for ref in page if verdicts.owned(ref.launch, deployment.id) and ref.launch.task]
-            rows = ledger.read_rows(ours) if ours else {}
+            ours = [ref for ref in page if ref.launch is not None and ref.launch.task
+                    and ref.launch.deployment == deployment.id]
+            rows = ledger.read_rows(ref.launch.task for ref in ours) if ours else {}
+            jobs = launchers.facts(ref.launch for ref in ours)
             for ref in page:
                 launch = ref.launch
                 task = launch.task if launch is not None else None
-                standing, action, why = judge(ref, rows.get(task) if task else None, deployment,
-                                              (ref.namespace, ref.name) not in unfinished)
-                out.append({"namespace": ref.namespace, "pod": ref.name,
-                            "task": f"{task[0]}.{task[1]} {task[2]}" + (f" [{task[3]}]" if task[3] >= 0 else "")
-                            if task else "-",
-                            "try": launch.try_number if launch is not None else "-",
-                            "launch": short(launch.token) if launch is not None and launch.token else "-",
-                            "standing": standing, "enforce would": action, "why": why})
+                job = jobs.get(launch.launcher.job_id) if launch is not None and launch.launcher else None
+                evidence = launchers.check(launch, deployment.id, job, f"{ref.namespace}/{ref.name}")
+                judged.append((ref, rows.get(task) if task else None, job, evidence,
+                               (ref.namespace, ref.name) not in unfinished))
+    out = []
+    for ref, row, job, evidence, finished in judged:  # the collision known once every page is read
+        launch = ref.launch
+        task = launch.task if launch is not None else None
+        standing, action, why = judge(ref, row, deployment, finished, job, launchers.collision, evidence)
+        out.append({"namespace": ref.namespace, "pod": ref.name,
+                    "task": f"{task[0]}.{task[1]} {task[2]}" + (f" [{task[3]}]" if task[3] >= 0 else "")
+                    if task else "-",
+                    "try": launch.try_number if launch is not None else "-",
+                    "launch": short(launch.token) if launch is not None and launch.token else "-",
+                    "standing": standing, "enforce would": action, "why": why})
     return sorted(out, key=lambda r: (r["enforce would"] != DELETE, r["standing"], r["namespace"], r["pod"]))
 
 
@@ -181,3 +203,7 @@ def _pods(args: Any) -> None:
         deleting = [r for r in rows if r["enforce would"] == DELETE]
         print(f"{len(rows)} pods; enforce would delete {len(deleting)} and keep {len(rows) - len(deleting)}"
               + ("" if fence.enforcing or not deleting else f" (mode {fence.mode.value}: nothing is deleted now)"))
+        copies = [r for r in rows if r["standing"] == "launched by another database"]
+        if copies:
+            print(f"COLLISION: {len(copies)} pods stamped with this deployment's id were launched by another database "
+                  f"(a copy of this metadata DB?): give one of the two deployments its own deployment_id")

@@ -73,6 +73,12 @@ def test_a_clone_in_the_same_namespace_never_deletes_the_originals_pods(world, s
         labels = {p.metadata.labels.get(DEPLOYMENT_LABEL) for p in world.live_pods()}
         assert len(labels) == 1  # one id: only the launchers tell the two databases apart
         assert origin.executor.launchers.collision
+        from fenced_k8s_executor import cli, config, deployment
+
+        rows = cli.survey(world.kube, [world.namespace], deployment.resolve(config.FencedConfig(), create=False))
+        standing = {r["pod"]: (r["standing"], r["enforce would"]) for r in rows}
+        assert {standing[name] for name in theirs} == {("launched by another database", "keep")}
+        assert {standing[name] for name in ours} == {("current", "keep")}
         log = (world.tmp_path / f"{clone.user}.log").read_text() + (world.tmp_path / f"{clone.user}.out").read_text()
         assert "deployment id collision" in log
 
