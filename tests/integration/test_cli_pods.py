@@ -131,7 +131,7 @@ def test_pods_by_standing_through_airflows_parser(world, standings, monkeypatch,
     args = parser.parse_args(["fenced-k8s", "pods", "--output", "plain"])
     args.func(args)
     out = capsys.readouterr().out
-    assert f"deployment {our_deployment()} (database), mode audit, {world.namespace}" in out
+    assert f"deployment {our_deployment()} (stored), mode audit, {world.namespace}" in out
     assert "8 pods; enforce would delete 2 and keep 6 (mode audit: nothing is deleted now)" in out
     assert _lists_by_operator(world, since), "the command's calls are not in the audit log: read-only unproven"
     assert _writes_by_operator(world, since) == []
