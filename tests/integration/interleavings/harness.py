@@ -154,7 +154,14 @@ class Env:
     findings: Findings = field(default_factory=Findings)
 
 
-def budget() -> dict[str, int]:
-    """Examples and steps per example: the default run's, or the long run's (CHECKER_EXAMPLES)."""
-    return {"max_examples": int(os.environ.get("CHECKER_EXAMPLES", "8")),
-            "stateful_step_count": int(os.environ.get("CHECKER_STEPS", "30"))}
+def budget() -> dict[str, Any]:
+    """Examples and steps per example: the default run's, or the long run's (CHECKER_EXAMPLES).
+    CHECKER_SHRINK=0 leaves shrinking out: the first broken promise ends the run (the mutation
+    runs count the steps to it)."""
+    from hypothesis import Phase
+
+    chosen = {"max_examples": int(os.environ.get("CHECKER_EXAMPLES", "8")),
+              "stateful_step_count": int(os.environ.get("CHECKER_STEPS", "30"))}
+    if os.environ.get("CHECKER_SHRINK", "1") == "0":
+        chosen["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
+    return chosen

@@ -209,6 +209,8 @@ class Promises:
 
         profile = self.env.profile
         if invariant not in profile.expected and not profile.waives(invariant, gap):
+            self.env.findings.log(f"VIOLATION {invariant} example={self.example} step={len(self.trace)} "
+                                  f"steps_so_far={self.env.findings.steps}: {detail}")
             raise Violation(invariant, detail + (f" (issue 35 gap: {gap})" if gap else ""), self.trace)
         if key is not None and key in self.recorded:
             return
