@@ -84,6 +84,33 @@ def test_pending_pod_forgotten_after_its_delete_answered_404(world, needs_emulat
     assert not _alive(world, stale), "a superseded Pending pod outlived two loops of its creator after one lost delete"
 
 
+@pytest.mark.parametrize("kind", ["stock", "fenced"])
+def test_a_delete_that_met_an_api_error_is_sent_again_next_loop(world, needs_write_faults, kind):
+    """Found by mutation testing (mutant ``failed_delete_settles``, tests/mutation: 9c4ada6 taken
+    back): no test made the reconcile's own delete fail with no peer to take over, so a delete that
+    met an API error could be taken as done and the pod never offered again. A loops (pod P
+    Pending); a user clears the task; A's deletes answer 500; A loops (the task is queued again, P
+    is superseded, its delete fails); the API heals; A loops twice, alone."""
+    a = world.scheduler(kind)
+    world.queue(a)
+    a.executor.sync()
+    first = world.row("t1")
+    (stale,) = [p.metadata.name for p in world.live_pods(first)]
+    world.airflow.clear(first)
+    fault = world.backend.add_fault(method="DELETE", path=r"/pods/", status=500, who=a.user)
+    world.queue(a)
+    a.executor.sync()
+    world.backend.clear_faults(fault)
+    assert _alive(world, stale)
+    for _ in range(2):
+        world.queue(a)
+        a.executor.sync()
+    if kind == "stock":
+        assert _alive(world, stale), "stock no longer leaves the superseded Pending pod"
+        return
+    assert not _alive(world, stale), "a superseded Pending pod outlived two loops after one failed delete"
+
+
 def test_superseded_pending_pod_of_a_live_peer_whose_api_calls_fail(world, needs_emulator, quick_heartbeats):
     """Checker finding (seed 7, gap ``live_creator_skipped``), hand-minimised: A loops (pod P
     Pending); the API answers A with 503; a user clears the task; B queues it again and loops

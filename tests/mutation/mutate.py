@@ -4,10 +4,10 @@ and the checker's long run, and write the table (tests/mutation/README.md says h
 Each mutant is applied to a scratch copy of the tree (the files git knows, modified or not), never
 to the tree itself, and run with ``PYTHONPATH`` on that copy, so a crash leaves nothing mutated.
 
-    python tests/mutation/run.py check                      # every mutant still applies (and compiles)
-    python tests/mutation/run.py run [--stages named,ci,long] [--only a,b] [--fast] [--baseline]
-    python tests/mutation/run.py table                      # the table from the results so far
-    python tests/mutation/run.py generated                  # cosmic-ray over verdicts.py and launch.py
+    python tests/mutation/mutate.py check                      # every mutant still applies (and compiles)
+    python tests/mutation/mutate.py run [--stages named,ci,long] [--only a,b] [--fast] [--baseline]
+    python tests/mutation/mutate.py table                      # the table from the results so far
+    python tests/mutation/mutate.py generated                  # cosmic-ray over verdicts.py and launch.py
 
 Results go to ``out/mutation/results.jsonl`` (one line per mutant and stage, appended as each ends:
 an interrupted run keeps what it finished) and ``out/mutation/table.md``.
