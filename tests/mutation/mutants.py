@@ -99,7 +99,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "        deleted = pods.delete(", "        deleted = pods.delete(")],
       [I + "test_deployments.py::test_other_deployments_pod_in_a_shared_namespace_is_never_deleted",
        I + "test_deployments.py::test_multi_namespace_sweep_never_deletes_other_deployments_pods"],
-      "bystander_deleted", fast=True,
+      "bystander_deleted",
       note="the ownership check stands in three places (the verdict, the in-flight watch's label selector, the "
            "pod re-read before a delete): taken out of all three"),
     m("finished_stale_pod_always_deleted", "0a75416 (issue 11 item 5)",
@@ -150,7 +150,7 @@ MUTANTS: tuple[Mutant, ...] = (
       [(LA, "    return int(text) if digits.isascii() and digits.isdigit() else None\n",
             "    return _int(text, -1)\n")],
       [U + "test_launch.py", I + "test_fence_by_launch.py::test_one_malformed_pod_costs_that_pod_alone"],
-      "bystander_deleted", fast=True),
+      "bystander_deleted"),
     m("running_pods_not_watched", "ef10cc9 (issue 35 items 2 and 7)",
       "the in-flight watch selects Pending pods only: a Running pod of a superseded launch drops out",
       [(IF, 'FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"\n',
