@@ -111,6 +111,30 @@ def test_a_delete_that_met_an_api_error_is_sent_again_next_loop(world, needs_wri
     assert not _alive(world, stale), "a superseded Pending pod outlived two loops after one failed delete"
 
 
+@pytest.mark.parametrize("kind", ["stock", "fenced"])
+def test_a_superseded_launch_never_gets_a_pod(world, kind):
+    """Found by mutation testing (mutants ``precreate_ignores_the_token`` and
+    ``creation_acts_on_the_stock_verdict``): race a1's test counts the pods left, and the in-flight
+    reconcile deletes a superseded launch's pod on the next loop, so a pre-creation check that let
+    it through went unseen. A pod made for a superseded launch costs a scheduled, pulled, started
+    container (issue 12's target: none). J1 waits in the task queue; stuck in queued re-queues the
+    task under a new token (J2, same id and try); one loop: the API must have been asked to create
+    one pod, J2's."""
+    sched = world.scheduler(kind)
+    world.queue(sched)
+    world.requeue_stuck(sched)
+    second = world.row("t1")
+    sched.executor.sync()
+    world.settle(sched.executor, 1.0)
+    creates = [e for e in world.audit() if e.get("verb") == "create" and e.get("resource", "pods") == "pods"
+               and e.get("who") == sched.user and e.get("code") in (200, 201)]
+    if kind == "stock":
+        assert len(creates) == 2, "stock executor no longer shows race a1"
+        return
+    assert len(creates) == 1, f"pods created for launches of one task: {[e.get('name') for e in creates]}"
+    assert [p.metadata.annotations[TOKEN_ANNOTATION] for p in world.pods(second)] == [second.token]
+
+
 def test_superseded_pending_pod_of_a_live_peer_whose_api_calls_fail(world, needs_emulator, quick_heartbeats):
     """Checker finding (seed 7, gap ``live_creator_skipped``), hand-minimised: A loops (pod P
     Pending); the API answers A with 503; a user clears the task; B queues it again and loops
