@@ -152,9 +152,14 @@ class Steps:
         with self.step(f"wait {WAIT} s"):
             self.pass_time()
 
-    def pass_time(self) -> None:
+    def pass_time(self, beating: tuple = ()) -> None:
+        """WAIT seconds pass (a new epoch); the schedulers in ``beating`` heartbeat meanwhile, when due."""
         self.join_all()
-        time.sleep(WAIT)
+        end = time.monotonic() + WAIT
+        while time.monotonic() < end:
+            for slot in beating:
+                self.beat(slot)
+            time.sleep(min(0.25, max(0.0, end - time.monotonic())))
         self.clock.epoch += 1
         for slot in self.slots:
             for fault_id in slot.transient.values():
@@ -405,7 +410,8 @@ class Steps:
         peer = self.pick(data, [s for s in self.live_slots() if s is not creator])
         kind = data.draw(st.sampled_from(["500", "503"]), label="fault")
         with self.step(f"API answers {creator.name} with {kind} until healed (after a loop if it has no pod); user "
-                       f"clears the task of its newest pod; {peer.name}: schedule + enqueue"):
+                       f"clears the task of its newest pod; {peer.name}: schedule + enqueue; {WAIT} s pass, "
+                       f"{creator.name} heartbeating"):
             name = self.pod_of(data, creator, *LIVE)
             if name is None:
                 return
@@ -417,7 +423,8 @@ class Steps:
             self.join(peer)
             self.core(peer, "enqueue", peer.sched.queue, self.world.dag_id, self.world.run_id, trigger=False)
             self.capture_launches(self.rows())
-            self.beat(creator)
+            self.observe()  # the superseded pod is marked now, its epoch before the wait's
+            self.pass_time(beating=tuple(self.live_slots()))
 
     def revoke_loses_delete(self, data):
         """Issue 35 item 1 in one draw: the stuck-in-queued revoke's delete of a Pending pod is answered
