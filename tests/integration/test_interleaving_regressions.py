@@ -68,12 +68,19 @@ def test_pending_pod_forgotten_after_its_delete_answered_404(world, needs_emulat
     clears the task; A's deletes answer 404 (a lost or raced delete: the pod stays); A loops (the
     task is queued again, P is superseded, its delete answers 404); the API heals; A loops twice."""
     a = world.scheduler("fenced")
+    stale = _superseded_while_deletes_fail(world, a, 404)
+    assert not _alive(world, stale), "a superseded Pending pod outlived two loops of its creator after one lost delete"
+
+
+def _superseded_while_deletes_fail(world, a, status: int) -> str:
+    """A loops (pod P Pending); a user clears the task; A's deletes answer ``status``; A loops (the
+    task is queued again, P is superseded, its delete fails); the API heals; A loops twice. P."""
     world.queue(a)
     a.executor.sync()
     first = world.row("t1")
-    stale = _pending(world, first)
+    (stale,) = [p.metadata.name for p in world.live_pods(first)]
     world.airflow.clear(first)
-    fault = world.backend.add_fault(method="DELETE", path=r"/pods/", status=404, who=a.user)
+    fault = world.backend.add_fault(method="DELETE", path=r"/pods/", status=status, who=a.user)
     world.queue(a)
     a.executor.sync()
     world.backend.clear_faults(fault)
@@ -81,7 +88,7 @@ def test_pending_pod_forgotten_after_its_delete_answered_404(world, needs_emulat
     for _ in range(2):
         world.queue(a)
         a.executor.sync()
-    assert not _alive(world, stale), "a superseded Pending pod outlived two loops of its creator after one lost delete"
+    return stale
 
 
 @pytest.mark.parametrize("kind", ["stock", "fenced"])
@@ -90,21 +97,8 @@ def test_a_delete_that_met_an_api_error_is_sent_again_next_loop(world, needs_wri
     back): no test made the reconcile's own delete fail with no peer to take over, so a delete that
     met an API error could be taken as done and the pod never offered again. A loops (pod P
     Pending); a user clears the task; A's deletes answer 500; A loops (the task is queued again, P
-    is superseded, its delete fails); the API heals; A loops twice, alone."""
-    a = world.scheduler(kind)
-    world.queue(a)
-    a.executor.sync()
-    first = world.row("t1")
-    (stale,) = [p.metadata.name for p in world.live_pods(first)]
-    world.airflow.clear(first)
-    fault = world.backend.add_fault(method="DELETE", path=r"/pods/", status=500, who=a.user)
-    world.queue(a)
-    a.executor.sync()
-    world.backend.clear_faults(fault)
-    assert _alive(world, stale)
-    for _ in range(2):
-        world.queue(a)
-        a.executor.sync()
+    is superseded, its delete fails); the API heals; A loops twice, alone (no peer takes over)."""
+    stale = _superseded_while_deletes_fail(world, world.scheduler(kind), 500)
     if kind == "stock":
         assert _alive(world, stale), "stock no longer leaves the superseded Pending pod"
         return

@@ -157,9 +157,9 @@ class InterleavingMachine(Steps, Promises, HardStates, Quiescence, RuleBasedStat
     def live_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.status == "live"]
 
-    def pick(self, data: Any, slots: list[Slot] | None = None) -> Slot:
+    def pick(self, data: Any, slots: list[Slot] | None = None, label: str = "scheduler") -> Slot:
         slots = self.live_slots() if slots is None else slots
-        return data.draw(st.sampled_from(slots), label="scheduler")
+        return data.draw(st.sampled_from(slots), label=label)
 
     @contextlib.contextmanager
     def step(self, text: str):

@@ -113,10 +113,14 @@ class Steps:
         self.join(slot)
         if beat:
             self.beat(slot)
-        self.core(slot, "enqueue", slot.sched.queue, self.world.dag_id, self.world.run_id, trigger=False)
-        self.capture_launches(self.rows())
+        self.enqueue_by(slot)
         slot.sched.trigger()
         self.after_loop(slot, self.loop(slot))
+
+    def enqueue_by(self, slot) -> None:
+        """The critical section of ``slot``'s scheduler (its loop's schedule + enqueue), and the launches it made."""
+        self.core(slot, "enqueue", slot.sched.queue, self.world.dag_id, self.world.run_id, trigger=False)
+        self.capture_launches(self.rows())
 
     def enqueue(self, data):
         slot = self.pick(data)
@@ -382,49 +386,50 @@ class Steps:
             self.whole_loop(slot)
             self.observe()
         found = mine()
-        return data.draw(st.sampled_from(found), label="pod") if found else None
+        if not found:
+            return None
+        name = data.draw(st.sampled_from(found), label="pod")
+        self.trace[-1] += f" [{name}]"
+        return name
 
     def start_then_supersede(self, data):
         """A current launch's pod starts (its worker boots, no /run yet), then its task is cleared and
         a live scheduler queues it again: a Running pod of a superseded launch before /run."""
         slot = self.pick(data)
-        other = self.pick(data)
+        other = self.pick(data, label="other")
         with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none); user clears its task; "
                        f"{other.name}: schedule + enqueue"):
             name = self.pod_of(data, slot, "Pending")
             if name is None:
                 return
             pod = self.pods[name]
-            self.trace[-1] += f" [{name}]"
             self.kubelet.start(name)
             pod.phase = "Running"
             self.clear_task(pod.task)
             self.join(other)
-            self.core(other, "enqueue", other.sched.queue, self.world.dag_id, self.world.run_id, trigger=False)
-            self.capture_launches(self.rows())
+            self.enqueue_by(other)
 
     def cut_off_then_supersede(self, data):
         """The creator of a current launch's live pod is cut off from the API (it goes on
         heartbeating), the task is cleared and a peer queues it again: only a peer can fence it."""
         creator = self.pick(data)
-        peer = self.pick(data, [s for s in self.live_slots() if s is not creator])
+        peer = self.pick(data, [s for s in self.live_slots() if s is not creator], label="peer")
         kind = data.draw(st.sampled_from(["500", "503"]), label="fault")
         with self.step(f"API answers {creator.name} with {kind} until healed (after a loop if it has no pod); user "
                        f"clears the task of its newest pod; {peer.name}: schedule + enqueue; {WAIT} s pass, "
-                       f"{creator.name} heartbeating"):
+                       f"{creator.name} heartbeating; {peer.name} loops"):
             name = self.pod_of(data, creator, *LIVE)
             if name is None:
                 return
             pod = self.pods[name]
-            self.trace[-1] += f" [{name}]"
             if kind not in creator.faults:
                 creator.faults[kind] = self.env.emulator.add_fault(who=creator.user, **PERSISTENT[kind])
             self.clear_task(pod.task)
             self.join(peer)
-            self.core(peer, "enqueue", peer.sched.queue, self.world.dag_id, self.world.run_id, trigger=False)
-            self.capture_launches(self.rows())
+            self.enqueue_by(peer)
             self.observe()  # the superseded pod is marked now, its epoch before the wait's
             self.pass_time(beating=tuple(self.live_slots()))
+            self.whole_loop(peer)
 
     def revoke_loses_delete(self, data):
         """Issue 35 item 1 in one draw: the stuck-in-queued revoke's delete of a Pending pod is answered
@@ -433,18 +438,15 @@ class Steps:
         slot = self.pick(data)
         with self.step(f"{slot.name}: stuck-in-queued revokes its newest Pending pod (after a loop if it has "
                        f"none; the delete answered 404), one loop, then schedule + enqueue"):
-            name = self.pod_of(data, slot, "Pending")
-            if name is None:
+            if self.pod_of(data, slot, "Pending") is None:
                 return
-            self.trace[-1] += f" [{name}]"
             fault = self.env.emulator.add_fault(method="DELETE", path=r"/pods/", status=404, who=slot.user)
             try:
                 self.stuck(slot, timeout=0.0)
             finally:
                 self.env.emulator.clear_faults(fault)
             self.after_loop(slot, self.loop(slot))
-            self.core(slot, "enqueue", slot.sched.queue, self.world.dag_id, self.world.run_id, trigger=False)
-            self.capture_launches(self.rows())
+            self.enqueue_by(slot)
 
     def sensor_pokes_again(self, data):
         """A whole poke of the reschedule-mode sensor in one draw: a live scheduler loops (the sensor
@@ -481,11 +483,10 @@ class Steps:
         """A scheduler queues a task and is killed before it creates the pod; its heartbeat ages past
         the orphan check and a peer adopts: the fenced peer launches the task under the same token."""
         slot = self.pick(data)
-        peer = self.pick(data, [s for s in self.live_slots() if s is not slot])
+        peer = self.pick(data, [s for s in self.live_slots() if s is not slot], label="peer")
         with self.step(f"{slot.name}: schedule + enqueue, then killed; wait {WAIT} s; {peer.name} adopts orphans"):
             self.join(slot)
-            self.core(slot, "enqueue", slot.sched.queue, self.world.dag_id, self.world.run_id, trigger=False)
-            self.capture_launches(self.rows())
+            self.enqueue_by(slot)
             self.exit(slot, "kill")
             self.pass_time()
             self.beat(peer)
