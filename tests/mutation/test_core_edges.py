@@ -102,3 +102,19 @@ def test_launches_and_rows_are_immutable_values():
         assert hash(value) == hash(dataclasses.replace(value))
         with pytest.raises(dataclasses.FrozenInstanceError):
             value.ti_id = "other"
+
+
+def test_a_relist_hands_the_loop_the_pods_that_left_while_the_watch_was_down():
+    """The in-flight picture's plain data (mutant ``gone_pods_not_reported_after_a_relist``): a pod
+    missing from a fresh list left meanwhile (deleted by a peer while Pending, which the provider
+    never reports), so the loop must see it to free its slot."""
+    from fenced_k8s_executor.in_flight import InFlightView
+    from fenced_k8s_executor.pods import PodRef
+
+    kept = PodRef("kept", "ns", "uid-1", _launch())
+    left = PodRef("left", "ns", "uid-2", _launch(token="1f1e2d3c-4b5a-4987-8654-3210fedcba98"))
+    view = InFlightView()
+    view.replace("ns", [kept, left])
+    assert view.take_gone() == []
+    view.replace("ns", [kept])
+    assert view.take_gone() == [left]
