@@ -80,6 +80,7 @@ STEPS: dict[str, tuple[int, Any]] = {
     "revoke_loses_delete": (2, _live),
     "orphaned_queued_task": (1, lambda m: _peers(m) and m.schedulable()),
     "sensor_pokes_again": (2, _live),
+    "supersede_past_a_failing_delete": (2, _live),
 }
 #: Steps every example may draw; each other step is in a given example's menu or not, half and half
 #: (swarm testing: an example without workers, say, lets Running pods wait before /run).
@@ -447,6 +448,23 @@ class Steps:
                 self.env.emulator.clear_faults(fault)
             self.after_loop(slot, self.loop(slot))
             self.enqueue_by(slot)
+
+    def supersede_past_a_failing_delete(self, data):
+        """The fence's own delete fails once: a scheduler's newest Pending pod is superseded (a user
+        clears the task, the scheduler queues it again) and its next delete is answered 404 (a
+        webhook, a proxy, a lost race) or 500; it loops once (the delete fails). The loops after
+        must delete it, whoever else is there."""
+        slot = self.pick(data)
+        status = data.draw(st.sampled_from([404, 500]), label="status")
+        with self.step(f"{slot.name}'s newest Pending pod superseded (after a loop if it has none; user clears, "
+                       f"{slot.name} queues again); its next delete answered {status}; {slot.name} loops"):
+            name = self.pod_of(data, slot, "Pending")
+            if name is None:
+                return
+            self.env.emulator.add_fault(method="DELETE", path=r"/pods/", status=status, times=1, who=slot.user)
+            self.clear_task(self.pods[name].task)
+            self.enqueue_by(slot)
+            self.whole_loop(slot)
 
     def sensor_pokes_again(self, data):
         """A whole poke of the reschedule-mode sensor in one draw: a live scheduler loops (the sensor
