@@ -18,6 +18,8 @@ HARD: dict[str, str] = {
                            "(a second pod of one launch), stuck-in-queued back to SCHEDULED, adoption by launching",
     "peer_cut_off_heartbeating": "a superseded launch's live pod whose creator is live and heartbeating while its "
                                  "API calls fail (only a peer can fence it)",
+    "host_pod_finishing": "a superseded launch's pod still Running after its worker reported, which the task's "
+                          "row names as its host: left to finish",
     "sensor_poked_again": "a reschedule-mode sensor queued again within the same try (a new launch, the same "
                           "id and try)",
 }
@@ -39,6 +41,8 @@ class HardStates:
                 continue
             if pod.phase == "Running" and pod.ran is None:
                 held.add(("running_superseded_before_run", pod.name))
+            if pod.phase == "Running" and pod.ran == "reported" and getattr(rows.get(pod.task), "hostname", None) == pod.name:
+                held.add(("host_pod_finishing", pod.name))
             creator = self.creator_slot(pod)
             if creator is not None and creator.faults and self.heartbeat_fresh(creator):
                 held.add(("peer_cut_off_heartbeating", pod.name))

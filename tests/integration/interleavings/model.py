@@ -84,7 +84,7 @@ class Pod:
     ti_id: str | None = None
     creator: str | None = None  # airflow-worker label: the job id of the scheduler that created it
     phase: str = "Pending"  # as the checker's kubelet last set it
-    ran: str | None = None  # "won" / "refused" once its worker called /run
+    ran: str | None = None  # "won" / "refused" once its worker called /run; "reported": finishing after its report
     gone: bool = False
     deleting: bool = False
     collides: bool = False  # another deployment's pod stamped with our deployment id

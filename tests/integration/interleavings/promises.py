@@ -124,7 +124,7 @@ class Promises:
                   and (e.get("who"), pod.ti_id) not in self.sanctioned):
                 self.fail("current_pod_deleted", f"{slot.name} deleted {pod.phase} pod {pod.name} of task "
                           f"{pod.task}'s current launch", key=("current", pod.name))
-            elif (not pod.bystander and pod.ran == "won" and pod.phase == "Running"
+            elif (not pod.bystander and pod.ran in ("won", "reported") and pod.phase == "Running"
                   and getattr(rows.get(pod.task), "hostname", None) == pod.name
                   and (e.get("who"), pod.ti_id) not in self.sanctioned):
                 self.fail("host_pod_deleted", f"{slot.name} deleted Running pod {pod.name}, the host task "

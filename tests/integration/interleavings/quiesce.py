@@ -96,3 +96,6 @@ class Quiescence:
                 self.run_worker(pod)
             elif pod.phase == "Running" and pod.ran == "won":
                 self.finish_worker(pod, ok=True)
+            elif pod.phase == "Running" and pod.ran == "reported":  # done finishing
+                pod.phase = "Failed"
+                self.kubelet.end(pod.name, ok=False)

@@ -81,6 +81,8 @@ STEPS: dict[str, tuple[int, Any]] = {
     "orphaned_queued_task": (1, lambda m: _peers(m) and m.schedulable()),
     "sensor_pokes_again": (2, _live),
     "supersede_past_a_failing_delete": (2, _live),
+    "retry_while_finishing": (2, _live),
+    "finishing_pod_ends": (1, lambda m: m.pods_where("Running", ran="reported")),
 }
 #: Steps every example may draw; each other step is in a given example's menu or not, half and half
 #: (swarm testing: an example without workers, say, lets Running pods wait before /run).
@@ -254,7 +256,9 @@ class Steps:
         with self.step(f"worker of {name} reports {'success' if ok else 'failure'}"):
             self.finish_worker(self.pods[name], ok)
 
-    def finish_worker(self, pod, ok: bool) -> None:
+    def finish_worker(self, pod, ok: bool, finishing: bool = False) -> None:
+        """The worker reports its task's outcome and its pod ends; ``finishing``: the pod goes on
+        running a while (``finalize``: callbacks, listeners, the log upload) and ends later."""
         from interleavings.kubelet import workload_of
 
         row = self.rows()[pod.task]
@@ -264,8 +268,35 @@ class Steps:
         clean = ok and code in (200, 204)
         if not clean and self.launches.current(pod.task, pod.launch):
             self.burns.allow(pod.task)  # the task failed in its own pod: stock spends the try too
+        if finishing:
+            pod.ran = "reported"
+            return
         pod.phase = "Succeeded" if clean else "Failed"
         self.kubelet.end(pod.name, ok=clean)
+
+    def retry_while_finishing(self, data):
+        """The pod of a current launch starts and wins /run; its task fails (up_for_retry) while the pod
+        goes on finishing; the scheduler queues the retry: a new launch, and the row names the old
+        pod as its host until the retry's /run. The old pod must be left to finish."""
+        slot = self.pick(data)
+        with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none), wins /run, reports "
+                       f"up_for_retry and goes on finishing; {slot.name} loops"):
+            name = self.pod_of(data, slot, "Pending")
+            if name is None:
+                return
+            pod = self.pods[name]
+            self.kubelet.start(name)
+            pod.phase = "Running"
+            self.run_worker(pod)
+            if pod.ran == "won":
+                self.finish_worker(pod, ok=False, finishing=True)
+                self.whole_loop(slot)
+
+    def finishing_pod_ends(self, data):
+        name = data.draw(st.sampled_from(self.pods_where("Running", ran="reported")), label="pod")
+        with self.step(f"{name} is done finishing and exits"):
+            self.pods[name].phase = "Failed"
+            self.kubelet.end(name, ok=False)
 
     def kubelet_fails(self, data):
         name = data.draw(st.sampled_from(self.pods_where(*LIVE)), label="pod")
