@@ -366,14 +366,15 @@ def recheck(tests: tuple = RECHECK_TESTS) -> dict:
         for job, module, row, col, operator, diff in [(j, m, r, c, o, d) for j, m, o, r, c, d in survivors]:
             original = (scratch / module).read_text()
             patch = (diff.split("\n", 1)[1] if diff.startswith("--- mutation diff ---") else diff).rstrip("\n") + "\n"
-            subprocess.run(["patch", "-p1", "-s"], input=patch, text=True, cwd=scratch, check=True)
+            applied = subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch", "-r", "-"], input=patch,
+                                     text=True, cwd=scratch, capture_output=True).returncode == 0
             code = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--noconftest",
-                                   *tests], cwd=scratch, env=env, capture_output=True).returncode
+                                   *tests], cwd=scratch, env=env, capture_output=True).returncode if applied else -1
             (scratch / module).write_text(original)
             line = original.splitlines()[row - 1].strip()
             results.append({"job": job, "module": module, "line": row, "col": col, "operator": operator,
-                            "source": line, "outcome": "killed" if code == 1 else ("survived" if code == 0 else
-                                                                                   f"error (exit {code})")})
+                            "source": line, "outcome": "killed" if code == 1 else "survived" if code == 0 else
+                            "not applied (the module changed)" if code == -1 else f"error (exit {code})"})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     left = [r for r in results if r["outcome"] != "killed"]
