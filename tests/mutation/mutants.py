@@ -37,7 +37,7 @@ class Mutant:
 
     @property
     def fix(self) -> bool:
-        return self.origin != "chosen"
+        return not self.origin.startswith("chosen")
 
     def apply(self, root: Path) -> None:
         """Edit the tree at ``root`` (a scratch copy); raises NoLongerApplies naming the edit."""
