@@ -359,6 +359,10 @@ def recheck(tests: tuple = RECHECK_TESTS) -> dict:
         "FROM mutation_specs s JOIN work_results r USING (job_id) WHERE r.test_outcome = 'SURVIVED' "
         "ORDER BY s.module_path, s.start_pos_row").fetchall()
     conn.close()
+    last = OUT / "generated-recheck.json"
+    if last.exists():  # an earlier recheck's survivors only: what it killed stays killed
+        left_before = {entry["job"] for entry in json.loads(last.read_text())["survivors"]}
+        survivors = [row for row in survivors if row[0] in left_before]
     scratch = scratch_copy(None)
     env = child_env(scratch, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     results = []
@@ -378,7 +382,7 @@ def recheck(tests: tuple = RECHECK_TESTS) -> dict:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     left = [r for r in results if r["outcome"] != "killed"]
-    score = {"completed": done, "killed_first": killed_first, "killed_recheck": len(results) - len(left),
+    score = {"completed": done, "killed_first": killed_first, "killed_recheck": done - killed_first - len(left),
              "survivors": left, "score": round(100.0 * (done - len(left)) / max(1, done), 1)}
     (OUT / "generated-recheck.json").write_text(json.dumps(score, indent=1))
     return score

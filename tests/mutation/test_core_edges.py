@@ -118,3 +118,62 @@ def test_a_relist_hands_the_loop_the_pods_that_left_while_the_watch_was_down():
     assert view.take_gone() == []
     view.replace("ns", [kept])
     assert view.take_gone() == [left]
+
+
+def _fresh(text: str) -> str:
+    """An equal string that is not the same object (values read from the DB or a pod are not)."""
+    return "".join(list(text))
+
+
+@pytest.mark.parametrize("stamp, ours, is_foreign", [("theirs", {"dep"}, True), ("dep", {"dep"}, False),
+                                                     (None, {"dep"}, False), ("theirs", set(), False)])
+def test_foreign_means_another_deployments_stamp(stamp, ours, is_foreign):
+    assert verdicts.foreign(_launch(deployment=stamp), frozenset(ours)) is is_foreign
+    assert verdicts.foreign(None, frozenset(ours)) is False
+
+
+def test_values_read_from_pods_and_rows_compare_by_value():
+    launch = _launch(ti_id=_fresh(TI), deployment=_fresh("dep"), token=_fresh(TOKEN))
+    assert verdicts.owned(launch, "dep")
+    assert verdicts.should_create(launch, _row(queued_by_job_id=int("1000"), try_number=int("300")),
+                                  int("1000")).reason is verdicts.Reason.TRY_MISMATCH
+    assert verdicts.should_create(_launch(try_number=300), _row(queued_by_job_id=int("1000"), try_number=int("300")),
+                                  int("1000")).act
+    assert verdicts.should_adopt(launch, _fresh(TOKEN)).act
+
+
+@pytest.mark.parametrize("other", ["00000000-0000-4000-8000-000000000000", "ffffffff-ffff-4fff-bfff-ffffffffffff"])
+def test_adoption_refuses_another_token_whichever_way_it_sorts(other):
+    assert not verdicts.should_adopt(_launch(), other).act
+
+
+@pytest.mark.parametrize("state", ["failed", "success", "scheduled", None])
+def test_precreate_takes_any_other_state_for_not_queued(state):
+    assert verdicts.should_create(_launch(), _row(state=state), 7).reason is verdicts.Reason.NOT_QUEUED
+
+
+def test_the_pod_the_row_names_as_its_host_is_never_deleted():
+    row = _row(external_executor_id="1f1e2d3c-4b5a-4987-8654-3210fedcba98", hostname="pod-a")
+    verdict = verdicts.should_delete(_launch(), row, "dep", "pod-a")
+    assert (verdict.act, verdict.stock, verdict.reason) == (False, False, verdicts.Reason.RUNS_THE_TASK)
+    assert verdicts.should_delete(_launch(), row, "dep", "pod-b").act
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        verdict.act = True
+
+
+def test_a_map_index_one_past_32_bits_is_malformed():
+    assert _launch(map_index=2**31 + 1).malformed
+
+
+def test_annotations_carry_the_region_and_the_deployment_only_when_set():
+    from fenced_k8s_executor.names import DEPLOYMENT_ANNOTATION, REGION_ANNOTATION
+
+    plain = _launch(deployment=None).annotations()
+    assert DEPLOYMENT_ANNOTATION not in plain and REGION_ANNOTATION not in plain
+    stamped = _launch(region="loop-1").annotations()
+    assert stamped[REGION_ANNOTATION] == "loop-1" and stamped[DEPLOYMENT_ANNOTATION] == "dep"
+
+
+def test_a_ti_id_that_is_no_uuid_is_malformed():
+    assert _launch(ti_id="not-a-uuid").malformed == "ti_id is not a UUID"
+    assert _launch(ti_id=TI.upper()).malformed is None
