@@ -282,12 +282,9 @@ class Steps:
         slot = self.pick(data)
         with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none), wins /run, reports "
                        f"up_for_retry and goes on finishing; {slot.name} loops"):
-            name = self.pod_of(data, slot, "Pending")
-            if name is None:
+            pod = self.started_pod(data, slot)
+            if pod is None:
                 return
-            pod = self.pods[name]
-            self.kubelet.start(name)
-            pod.phase = "Running"
             self.run_worker(pod)
             if pod.ran == "won":
                 self.finish_worker(pod, ok=False, finishing=True)
@@ -425,6 +422,15 @@ class Steps:
         self.trace[-1] += f" [{name}]"
         return name
 
+    def started_pod(self, data, slot):
+        """``slot``'s newest Pending pod of a current launch (``pod_of``), started by the kubelet."""
+        name = self.pod_of(data, slot, "Pending")
+        if name is None:
+            return None
+        self.kubelet.start(name)
+        self.pods[name].phase = "Running"
+        return self.pods[name]
+
     def start_then_supersede(self, data):
         """A current launch's pod starts (its worker boots, no /run yet), then its task is cleared and
         a live scheduler queues it again: a Running pod of a superseded launch before /run."""
@@ -432,12 +438,9 @@ class Steps:
         other = self.pick(data, label="other")
         with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none); user clears its task; "
                        f"{other.name}: schedule + enqueue"):
-            name = self.pod_of(data, slot, "Pending")
-            if name is None:
+            pod = self.started_pod(data, slot)
+            if pod is None:
                 return
-            pod = self.pods[name]
-            self.kubelet.start(name)
-            pod.phase = "Running"
             self.clear_task(pod.task)
             self.join(other)
             self.enqueue_by(other)
