@@ -68,12 +68,19 @@ def test_pending_pod_forgotten_after_its_delete_answered_404(world, needs_emulat
     clears the task; A's deletes answer 404 (a lost or raced delete: the pod stays); A loops (the
     task is queued again, P is superseded, its delete answers 404); the API heals; A loops twice."""
     a = world.scheduler("fenced")
+    stale = _superseded_while_deletes_fail(world, a, 404)
+    assert not _alive(world, stale), "a superseded Pending pod outlived two loops of its creator after one lost delete"
+
+
+def _superseded_while_deletes_fail(world, a, status: int) -> str:
+    """A loops (pod P Pending); a user clears the task; A's deletes answer ``status``; A loops (the
+    task is queued again, P is superseded, its delete fails); the API heals; A loops twice. P."""
     world.queue(a)
     a.executor.sync()
     first = world.row("t1")
-    stale = _pending(world, first)
+    (stale,) = [p.metadata.name for p in world.live_pods(first)]
     world.airflow.clear(first)
-    fault = world.backend.add_fault(method="DELETE", path=r"/pods/", status=404, who=a.user)
+    fault = world.backend.add_fault(method="DELETE", path=r"/pods/", status=status, who=a.user)
     world.queue(a)
     a.executor.sync()
     world.backend.clear_faults(fault)
@@ -81,7 +88,45 @@ def test_pending_pod_forgotten_after_its_delete_answered_404(world, needs_emulat
     for _ in range(2):
         world.queue(a)
         a.executor.sync()
-    assert not _alive(world, stale), "a superseded Pending pod outlived two loops of its creator after one lost delete"
+    return stale
+
+
+@pytest.mark.parametrize("kind", ["stock", "fenced"])
+def test_a_delete_that_met_an_api_error_is_sent_again_next_loop(world, needs_write_faults, kind):
+    """Found by mutation testing (mutant ``failed_delete_settles``, tests/mutation: 9c4ada6 taken
+    back): no test made the reconcile's own delete fail with no peer to take over, so a delete that
+    met an API error could be taken as done and the pod never offered again. A loops (pod P
+    Pending); a user clears the task; A's deletes answer 500; A loops (the task is queued again, P
+    is superseded, its delete fails); the API heals; A loops twice, alone (no peer takes over)."""
+    stale = _superseded_while_deletes_fail(world, world.scheduler(kind), 500)
+    if kind == "stock":
+        assert _alive(world, stale), "stock no longer leaves the superseded Pending pod"
+        return
+    assert not _alive(world, stale), "a superseded Pending pod outlived two loops after one failed delete"
+
+
+@pytest.mark.parametrize("kind", ["stock", "fenced"])
+def test_a_superseded_launch_never_gets_a_pod(world, kind):
+    """Found by mutation testing (mutants ``precreate_ignores_the_token`` and
+    ``creation_acts_on_the_stock_verdict``): race a1's test counts the pods left, and the in-flight
+    reconcile deletes a superseded launch's pod on the next loop, so a pre-creation check that let
+    it through went unseen. A pod made for a superseded launch costs a scheduled, pulled, started
+    container (issue 12's target: none). J1 waits in the task queue; stuck in queued re-queues the
+    task under a new token (J2, same id and try); one loop: the API must have been asked to create
+    one pod, J2's."""
+    sched = world.scheduler(kind)
+    world.queue(sched)
+    world.requeue_stuck(sched)
+    second = world.row("t1")
+    sched.executor.sync()
+    world.settle(sched.executor, 1.0)
+    creates = [e for e in world.audit() if e.get("verb") == "create" and e.get("resource", "pods") == "pods"
+               and e.get("who") == sched.user and e.get("code") in (200, 201)]
+    if kind == "stock":
+        assert len(creates) == 2, "stock executor no longer shows race a1"
+        return
+    assert len(creates) == 1, f"pods created for launches of one task: {[e.get('name') for e in creates]}"
+    assert [p.metadata.annotations[TOKEN_ANNOTATION] for p in world.pods(second)] == [second.token]
 
 
 def test_superseded_pending_pod_of_a_live_peer_whose_api_calls_fail(world, needs_emulator, quick_heartbeats):

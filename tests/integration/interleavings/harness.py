@@ -99,7 +99,25 @@ class Findings:
     examples: int = 0
     steps: int = 0
     seconds: dict = field(default_factory=dict)  # step kind -> [count, seconds]
+    reached: dict = field(default_factory=dict)  # hard state -> the distinct occurrences (hard.HARD)
+    held: dict = field(default_factory=dict)  # hard state -> steps after which it held
+    drivers: dict = field(default_factory=dict)  # metadata DB driver -> examples run on it
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hard_states(self, held: set) -> None:
+        """The hard states that hold after one step: (state, occurrence) pairs."""
+        for state in {state for state, _ in held}:
+            self.held[state] = self.held.get(state, 0) + 1
+        for state, occurrence in held:
+            self.reached.setdefault(state, set()).add((self.examples, occurrence))
+
+    def hard_summary(self) -> str:
+        """Per 100 steps: distinct occurrences reached, and steps after which the state held."""
+        from interleavings.hard import HARD
+
+        per = 100.0 / max(1, self.steps)
+        return ", ".join(f"{state} {len(self.reached.get(state, ())) * per:.1f} reached / "
+                         f"{self.held.get(state, 0) * per:.1f} held" for state in HARD)
 
     def timed(self, kind: str, seconds: float) -> None:
         entry = self.seconds.setdefault(kind, [0, 0.0])
@@ -127,7 +145,8 @@ class Findings:
         return out
 
     def summary(self) -> str:
-        lines = [f"{self.examples} examples, {self.steps} steps"]
+        lines = [f"{self.examples} examples, {self.steps} steps; drivers {self.drivers}",
+                 f"  hard states per 100 steps: {self.hard_summary()}"]
         if self.seconds:
             lines.append("  seconds: " + ", ".join(f"{k} {n}x {t:.1f}" for k, (n, t) in
                                                     sorted(self.seconds.items(), key=lambda kv: -kv[1][1])))
@@ -154,7 +173,14 @@ class Env:
     findings: Findings = field(default_factory=Findings)
 
 
-def budget() -> dict[str, int]:
-    """Examples and steps per example: the default run's, or the long run's (CHECKER_EXAMPLES)."""
-    return {"max_examples": int(os.environ.get("CHECKER_EXAMPLES", "8")),
-            "stateful_step_count": int(os.environ.get("CHECKER_STEPS", "30"))}
+def budget() -> dict[str, Any]:
+    """Examples and steps per example: the default run's, or the long run's (CHECKER_EXAMPLES).
+    CHECKER_SHRINK=0 leaves shrinking out: the first broken promise ends the run (the mutation
+    runs count the steps to it)."""
+    from hypothesis import Phase
+
+    chosen = {"max_examples": int(os.environ.get("CHECKER_EXAMPLES", "8")),
+              "stateful_step_count": int(os.environ.get("CHECKER_STEPS", "30"))}
+    if os.environ.get("CHECKER_SHRINK", "1") == "0":
+        chosen["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
+    return chosen

@@ -134,6 +134,15 @@ class Worker:
             return True
         return answer.status == 404 and launch_claim_of(claims) is not None and str(claims.get("sub")) == workload.ti_id
 
+    def reschedule(self, ti_id: str) -> int:
+        """A sensor in reschedule mode whose condition is not met: ``PATCH /state`` up_for_reschedule,
+        as the Task SDK sends it (ready again at once)."""
+        from airflow.utils import timezone
+
+        now = timezone.utcnow().isoformat()
+        body = {"state": "up_for_reschedule", "reschedule_date": now, "end_date": now}
+        return self.airflow.api.patch(f"task-instances/{ti_id}/state", json=body).status_code
+
     def report(self, ti_id: str, state: str) -> int:
         """The task's outcome (``PATCH /state``): success, up_for_retry or failed."""
         from airflow.utils import timezone

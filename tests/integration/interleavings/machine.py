@@ -19,17 +19,23 @@ from typing import Any
 
 import hypothesis.strategies as st
 from hypothesis import reject
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from interleavings.hard import HardStates
 from interleavings.harness import Env
 from interleavings.kubelet import Kubelet, Worker
 from interleavings.model import Burns, Clock, Launches, Violation
 from interleavings.promises import Promises
 from interleavings.quiesce import Quiescence
-from interleavings.steps import STEPS, TASKS, Steps
+from interleavings.steps import DAG_IMPORTS, OPTIONAL, STEPS, TASKS, Steps, menu
 
 VERBOSE = bool(os.environ.get("CHECKER_VERBOSE"))
-WEIGHTED = [name for name, (weight, _) in STEPS.items() for _ in range(weight)]
+#: The metadata DB drivers the examples alternate between (the integration conftest's ``DRIVERS``):
+#: psycopg2, the lab's, and psycopg 3, what the official chart's ``postgresql://`` URL gets.
+#: CHECKER_DRIVER=psycopg2|psycopg runs every example on one.
+DRIVERS = ("psycopg2", "psycopg")
+#: CHECKER_SWARM=0 gives every example the whole menu of steps (as before the swarm).
+SWARM = os.environ.get("CHECKER_SWARM", "1") != "0"
 #: A heartbeat is due every second; a peer is taken for gone after 3 s (airflow-core's orphan check)
 #: and its launches handed over after 2 s (the fenced grace: two heartbeats, capped by the threshold).
 HEARTBEAT_SEC, HEALTH_CHECK_THRESHOLD = "1", "3"
@@ -93,7 +99,7 @@ class Choices:
         return options[number % len(options)]
 
 
-class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
+class InterleavingMachine(Steps, Promises, HardStates, Quiescence, RuleBasedStateMachine):
     env: Env  # set on a subclass by the test
     examples = 0
 
@@ -116,6 +122,11 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
         self.launches, self.clock, self.burns = Launches(), Clock(), Burns()
         self.audit_at = 0
         self._legacy = None
+        self.rows_seen: dict = {}  # task -> its row after the last step (HardStates)
+        self.poked: dict = {}  # task -> (id, try, token) of a sensor poke that rescheduled (HardStates)
+        self.menu = menu(0)  # every step, until the swarm draw narrows it
+        self.driver = os.environ.get("CHECKER_DRIVER") or DRIVERS[self.example % len(DRIVERS)]
+        env.findings.drivers[self.driver] = env.findings.drivers.get(self.driver, 0) + 1
         try:
             import pytest
 
@@ -123,7 +134,8 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
             env.emulator.reset()
             tmp = env.tmp_factory.mktemp("interleaving")
             self.world = self.stack.enter_context(
-                env.open_world(env.emulator, env.metadata_db, env.airflow, tmp, mp, list(TASKS), {}))
+                env.open_world(env.emulator, env.metadata_db, env.airflow, tmp, mp, list(TASKS),
+                               {"imports": DAG_IMPORTS}, driver=self.driver))
             mp.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC", HEARTBEAT_SEC)
             mp.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", HEALTH_CHECK_THRESHOLD)
             self.kubelet = Kubelet(self.world)
@@ -145,9 +157,9 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
     def live_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.status == "live"]
 
-    def pick(self, data: Any, slots: list[Slot] | None = None) -> Slot:
+    def pick(self, data: Any, slots: list[Slot] | None = None, label: str = "scheduler") -> Slot:
         slots = self.live_slots() if slots is None else slots
-        return data.draw(st.sampled_from(slots), label="scheduler")
+        return data.draw(st.sampled_from(slots), label=label)
 
     @contextlib.contextmanager
     def step(self, text: str):
@@ -199,19 +211,41 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
             self.fail("step_raised", f"{slot.name}: {what} raised {error!r}", key=("step", slot.name, what))
             return None
 
-    def pods_where(self, *phases: str, ran: Any = ..., ours: bool = True) -> list[str]:
+    def pods_where(self, *phases: str, ran: Any = ..., ours: bool = True, task: str | None = None) -> list[str]:
         return sorted(p.name for p in self.pods.values() if not p.gone and not p.deleting and p.phase in phases
-                      and (not ours or not p.bystander) and (ran is ... or p.ran == ran))
+                      and (not ours or not p.bystander) and (ran is ... or p.ran == ran)
+                      and (task is None or p.task == task))
+
+    def current_pods(self, *phases: str, creator_live: bool = False) -> list[str]:
+        """Live pods of ours of a current launch whose worker has not called /run (optionally: whose
+        creator is a live scheduler)."""
+        return [name for name in self.pods_where(*phases, ran=None)
+                if self.launches.current(self.pods[name].task, self.pods[name].launch)
+                and (not creator_live or self.creator_slot(self.pods[name]) is not None)]
+
+    def schedulable(self) -> bool:
+        """A task the critical section would queue now (none queued or running yet)."""
+        return any(r.state in (None, "scheduled", "up_for_retry", "up_for_reschedule") for r in self.rows().values())
 
     # ------------------------------------------------------------------ one step
 
+    @initialize(swarm=st.integers(0, 2 ** len(OPTIONAL) - 1))
+    def choose_menu(self, swarm):
+        """Swarm testing: this example's menu is the core steps and about half of the others, so
+        that some examples leave out what would end a hard state early (workers calling /run,
+        heals) and the rest is drawn more often."""
+        if SWARM:
+            self.menu = menu(swarm)
+        left_out = sorted(name for name in OPTIONAL if name not in self.menu)
+        self.env.findings.log(f"example {self.example}: driver {self.driver}, menu without {', '.join(left_out)}")
+
     @rule(data=st.data())
     def act(self, data):
-        """One step, drawn by weight (``STEPS``) from a fixed list so that a shrunk sequence keeps its
-        meaning; a step that does not apply now (no such pod, no live scheduler) does nothing. Its
-        arguments come from a block drawn with it (``Choices``): every step draws the same, whatever
-        the timing of the parts made applicable."""
-        name = data.draw(st.sampled_from(WEIGHTED), label="step")
+        """One step, drawn by weight (``STEPS``) from the example's menu (fixed when the example starts,
+        so that a shrunk sequence keeps its meaning); a step that does not apply now (no such pod, no
+        live scheduler) does nothing. Its arguments come from a block drawn with it (``Choices``):
+        every step draws the same, whatever the timing of the parts made applicable."""
+        name = data.draw(st.sampled_from(self.menu), label="step")
         numbers = data.draw(st.lists(st.integers(0, 255), min_size=Choices.SIZE, max_size=Choices.SIZE),
                             label="arguments")
         if not STEPS[name][1](self):
@@ -228,7 +262,7 @@ class InterleavingMachine(Steps, Promises, Quiescence, RuleBasedStateMachine):
     def promises_hold(self):
         self.clean = False
         began = time.monotonic()
-        self.observe()
+        self.track(self.observe())
         self.env.findings.timed("checks", time.monotonic() - began)
         self.clean = True
 

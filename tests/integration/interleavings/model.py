@@ -20,6 +20,8 @@ INVARIANTS: dict[str, str] = {
     "superseded_running_lingers": "a superseded launch's Running pod that the task's row does not name is gone "
                                   "within a bounded number of loops (issue 35's promise)",
     "superseded_wins_run": "a superseded launch's pod never wins /run",
+    "host_pod_deleted": "the pod the task's row names as its host (it won /run) is never deleted while the row "
+                        "names it: it is running or finishing the try (issue 35's rule of the row's host)",
     "slot_held": "no executor slot stays held for a task that is terminal or belongs to another scheduler",
     "try_burned": "no try is burned that stock would not burn",
     "not_terminal": "every task reaches a terminal state once faults stop and loops continue",
@@ -82,7 +84,7 @@ class Pod:
     ti_id: str | None = None
     creator: str | None = None  # airflow-worker label: the job id of the scheduler that created it
     phase: str = "Pending"  # as the checker's kubelet last set it
-    ran: str | None = None  # "won" / "refused" once its worker called /run
+    ran: str | None = None  # "won" / "refused" once its worker called /run; "reported": finishing after its report
     gone: bool = False
     deleting: bool = False
     collides: bool = False  # another deployment's pod stamped with our deployment id

@@ -93,7 +93,7 @@ class Promises:
                     ti_id=(pod.metadata.annotations or {}).get(TI_ID_ANNOTATION) or (workload and workload.ti_id))
             record.phase = (pod.status.phase if pod.status else None) or "Pending"
             record.deleting = bool(pod.metadata.deletion_timestamp)
-        self.judge_deletes()
+        self.judge_deletes(rows)
         self.kubelet.reap(listed)
         for name, record in self.pods.items():
             if name not in seen:
@@ -104,7 +104,7 @@ class Promises:
         self.sanctioned, self.revoking = set(), set()
         return rows
 
-    def judge_deletes(self) -> None:
+    def judge_deletes(self, rows: dict[str, TaskRow]) -> None:
         entries = self.env.emulator.audit(self.audit_at)
         if entries:
             self.audit_at = entries[-1]["index"] + 1
@@ -124,6 +124,11 @@ class Promises:
                   and (e.get("who"), pod.ti_id) not in self.sanctioned):
                 self.fail("current_pod_deleted", f"{slot.name} deleted {pod.phase} pod {pod.name} of task "
                           f"{pod.task}'s current launch", key=("current", pod.name))
+            elif (not pod.bystander and pod.ran in ("won", "reported") and pod.phase == "Running"
+                  and getattr(rows.get(pod.task), "hostname", None) == pod.name
+                  and (e.get("who"), pod.ti_id) not in self.sanctioned):
+                self.fail("host_pod_deleted", f"{slot.name} deleted Running pod {pod.name}, the host task "
+                          f"{pod.task}'s row names", key=("host", pod.name))
 
     def stale_pods(self) -> list[Pod]:
         """Live pods of superseded launches, each marked with the epoch it was first seen so."""
@@ -209,6 +214,8 @@ class Promises:
 
         profile = self.env.profile
         if invariant not in profile.expected and not profile.waives(invariant, gap):
+            self.env.findings.log(f"VIOLATION {invariant} example={self.example} step={len(self.trace)} "
+                                  f"steps_so_far={self.env.findings.steps}: {detail}")
             raise Violation(invariant, detail + (f" (issue 35 gap: {gap})" if gap else ""), self.trace)
         if key is not None and key in self.recorded:
             return

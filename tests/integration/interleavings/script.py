@@ -21,7 +21,7 @@ class Answers:
 
     def draw(self, strategy: Any, label: str | None = None) -> Any:
         want = self.answers[label]
-        if label == "scheduler":
+        if label in ("scheduler", "peer", "other"):
             return next(s for s in self.machine.slots if s.name == want)
         if label == "pod":
             pods = [p for p in self.machine.pods.values() if p.task == want or p.name == want]

@@ -5,6 +5,7 @@ the machine draws one applicable step at a time, and the step draws its own argu
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -14,6 +15,18 @@ import hypothesis.strategies as st
 from interleavings.model import Violation
 
 TASKS = ("t1", "t2")
+#: t2 is a sensor in reschedule mode: its pokes share one try, each a launch of its own.
+SENSOR = "t2"
+#: The DAG file's ``task`` made per task: t2 a reschedule-mode sensor (``@task.sensor``), t1 a task.
+DAG_IMPORTS = """
+from airflow.sdk import task as _task
+
+
+def task(task_id, **kwargs):
+    if task_id == %r:
+        return _task.sensor(task_id=task_id, mode="reschedule", poke_interval=1, timeout=3600, **kwargs)
+    return _task(task_id=task_id, **kwargs)
+""" % SENSOR
 #: Seconds of an explicit wait: past the 3 s health-check threshold (airflow-core's orphan check)
 #: and the fenced hand-over grace (two 1 s heartbeats): every heartbeat not written meanwhile is missed.
 WAIT = 3.2
@@ -27,15 +40,23 @@ def _live(m):
     return bool(m.live_slots())
 
 
-#: step -> (weight, precondition)
-STEPS: dict[str, tuple[int, Any]] = {  # the first is where shrinking takes a step it cannot delete
+def _peers(m):
+    return len(m.live_slots()) > 1
+
+
+#: step -> (weight, precondition). The compound steps (below ``sensor_reschedules``) each build in
+#: one draw a state where a fence must act, which chains of single steps reached about once per
+#: hundred steps (docs/checker.md). Hypothesis draws the first entry of a list far more often than
+#: its weight says (about one draw in six) and shrinks towards it: a scheduler loop, which every
+#: promise needs anyway (it was ``idle``, which made a fifth of all steps do nothing).
+STEPS: dict[str, tuple[int, Any]] = {
+    "scheduler_loop": (6, _live),
     "idle": (1, lambda m: True),
     "heartbeat": (1, _live),
-    "scheduler_loop": (6, _live),
     "enqueue": (2, _live),
     "trigger": (2, _live),
     "sync": (4, _live),
-    "wait": (1, lambda m: True),
+    "wait": (2, lambda m: True),
     "clear": (2, lambda m: True),
     "stuck_in_queued": (2, _live),
     "adopt_orphans": (1, _live),
@@ -48,13 +69,33 @@ STEPS: dict[str, tuple[int, Any]] = {  # the first is where shrinking takes a st
     "watch_dropped": (1, _live),
     "slow_create_loop": (1, lambda m: [s for s in m.live_slots() if not s.busy]),
     "db_down_loop": (1, _live),
-    "scheduler_exits": (1, lambda m: len(m.live_slots()) > 1),
+    "scheduler_exits": (1, _peers),
     "scheduler_restarts": (1, lambda m: m.slots),
     "third_scheduler": (1, lambda m: len(m.slots) < 3),
     "other_deployments_pod": (1, lambda m: True),
     "tokenless_pod": (1, lambda m: True),
     "malformed_pod": (1, lambda m: True),
+    "sensor_reschedules": (2, lambda m: m.pods_where("Running", ran="won", task=SENSOR)),
+    "start_then_supersede": (3, _live),
+    "cut_off_then_supersede": (2, _peers),
+    "revoke_loses_delete": (2, _live),
+    "orphaned_queued_task": (1, lambda m: _peers(m) and m.schedulable()),
+    "sensor_pokes_again": (2, _live),
+    "supersede_past_a_failing_delete": (2, _live),
+    "retry_while_finishing": (2, _live),
+    "finishing_pod_ends": (1, lambda m: m.pods_where("Running", ran="reported")),
 }
+#: Steps every example may draw; each other step is in a given example's menu or not, half and half
+#: (swarm testing: an example without workers, say, lets Running pods wait before /run).
+CORE = ("idle", "heartbeat", "scheduler_loop", "enqueue", "trigger", "sync", "wait")
+OPTIONAL = tuple(name for name in STEPS if name not in CORE)
+
+
+def menu(swarm: int) -> list[str]:
+    """The weighted steps of one example: the core ones, and the optional ones whose bit is clear
+    (so Hypothesis's simplest draw, 0, is the whole menu, and shrinking moves towards it)."""
+    enabled = set(CORE) | {name for i, name in enumerate(OPTIONAL) if not swarm >> i & 1}
+    return [name for name, (weight, _) in STEPS.items() if name in enabled for _ in range(weight)]
 
 
 class Steps:
@@ -70,13 +111,20 @@ class Steps:
         beat = data.draw(st.booleans(), label="heartbeats")
         with self.step(f"{slot.name}: scheduler loop ({'heartbeat' if beat else 'heartbeat skipped'}, enqueue, "
                        f"trigger, sync, events)"):
-            self.join(slot)
-            if beat:
-                self.beat(slot)
-            self.core(slot, "enqueue", slot.sched.queue, self.world.dag_id, self.world.run_id, trigger=False)
-            self.capture_launches(self.rows())
-            slot.sched.trigger()
-            self.after_loop(slot, self.loop(slot))
+            self.whole_loop(slot, beat)
+
+    def whole_loop(self, slot, beat: bool = True) -> None:
+        self.join(slot)
+        if beat:
+            self.beat(slot)
+        self.enqueue_by(slot)
+        slot.sched.trigger()
+        self.after_loop(slot, self.loop(slot))
+
+    def enqueue_by(self, slot) -> None:
+        """The critical section of ``slot``'s scheduler (its loop's schedule + enqueue), and the launches it made."""
+        self.core(slot, "enqueue", slot.sched.queue, self.world.dag_id, self.world.run_id, trigger=False)
+        self.capture_launches(self.rows())
 
     def enqueue(self, data):
         slot = self.pick(data)
@@ -110,13 +158,21 @@ class Steps:
     def wait(self, data):
         """Time passes: a scheduler that did not heartbeat meanwhile skipped its heartbeats."""
         with self.step(f"wait {WAIT} s"):
-            self.join_all()
-            time.sleep(WAIT)
-            self.clock.epoch += 1
-            for slot in self.slots:
-                for fault_id in slot.transient.values():
-                    self.env.emulator.clear_faults(fault_id)
-                slot.transient = {}
+            self.pass_time()
+
+    def pass_time(self, beating: tuple = ()) -> None:
+        """WAIT seconds pass (a new epoch); the schedulers in ``beating`` heartbeat meanwhile, when due."""
+        self.join_all()
+        end = time.monotonic() + WAIT
+        while time.monotonic() < end:
+            for slot in beating:
+                self.beat(slot)
+            time.sleep(min(0.25, max(0.0, end - time.monotonic())))
+        self.clock.epoch += 1
+        for slot in self.slots:
+            for fault_id in slot.transient.values():
+                self.env.emulator.clear_faults(fault_id)
+            slot.transient = {}
 
     def stuck_in_queued(self, data):
         slot = self.pick(data)
@@ -162,10 +218,13 @@ class Steps:
     def clear(self, data):
         task = data.draw(st.sampled_from(TASKS), label="task")
         with self.step(f"user clears {task}"):
-            row = self.world.row(task)
-            if row.state is not None:
-                self.burns.cleared(task)
-            self.world.airflow.clear(row)
+            self.clear_task(task)
+
+    def clear_task(self, task: str) -> None:
+        row = self.world.row(task)
+        if row.state is not None:
+            self.burns.cleared(task)
+        self.world.airflow.clear(row)
 
     # ------------------------------------------------------------------ kubelet and workers
 
@@ -198,7 +257,9 @@ class Steps:
         with self.step(f"worker of {name} reports {'success' if ok else 'failure'}"):
             self.finish_worker(self.pods[name], ok)
 
-    def finish_worker(self, pod, ok: bool) -> None:
+    def finish_worker(self, pod, ok: bool, finishing: bool = False) -> None:
+        """The worker reports its task's outcome and its pod ends; ``finishing``: the pod goes on
+        running a while (``finalize``: callbacks, listeners, the log upload) and ends later."""
         from interleavings.kubelet import workload_of
 
         row = self.rows()[pod.task]
@@ -208,8 +269,32 @@ class Steps:
         clean = ok and code in (200, 204)
         if not clean and self.launches.current(pod.task, pod.launch):
             self.burns.allow(pod.task)  # the task failed in its own pod: stock spends the try too
+        if finishing:
+            pod.ran = "reported"
+            return
         pod.phase = "Succeeded" if clean else "Failed"
         self.kubelet.end(pod.name, ok=clean)
+
+    def retry_while_finishing(self, data):
+        """The pod of a current launch starts and wins /run; its task fails (up_for_retry) while the pod
+        goes on finishing; the scheduler queues the retry: a new launch, and the row names the old
+        pod as its host until the retry's /run. The old pod must be left to finish."""
+        slot = self.pick(data)
+        with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none), wins /run, reports "
+                       f"up_for_retry and goes on finishing; {slot.name} loops"):
+            pod = self.started_pod(data, slot)
+            if pod is None:
+                return
+            self.run_worker(pod)
+            if pod.ran == "won":
+                self.finish_worker(pod, ok=False, finishing=True)
+                self.whole_loop(slot)
+
+    def finishing_pod_ends(self, data):
+        name = data.draw(st.sampled_from(self.pods_where("Running", ran="reported")), label="pod")
+        with self.step(f"{name} is done finishing and exits"):
+            self.pods[name].phase = "Failed"
+            self.kubelet.end(name, ok=False)
 
     def kubelet_fails(self, data):
         name = data.draw(st.sampled_from(self.pods_where(*LIVE)), label="pod")
@@ -295,6 +380,173 @@ class Steps:
                     raise error
                 self.fail("sync_raised", f"{slot.name}.sync() raised {error!r} during a DB outage",
                           key=("dbsync", slot.name))
+
+    # ------------------------------------------------------------------ a sensor's pokes
+
+    def sensor_reschedules(self, data):
+        """The sensor's worker finds its condition unmet: ``PATCH /state`` up_for_reschedule (ready at
+        once) and exits 0. airflow-core queues it again within the same try: a new launch, the same
+        TI id and try."""
+        name = data.draw(st.sampled_from(self.pods_where("Running", ran="won", task=SENSOR)), label="pod")
+        with self.step(f"sensor {name} pokes, reschedules (up_for_reschedule), exits"):
+            self.reschedule_worker(self.pods[name])
+
+    def reschedule_worker(self, pod) -> None:
+        from interleavings.kubelet import workload_of
+
+        obj = self.world.kube.read_namespaced_pod(pod.name, self.world.namespace)
+        row = self.rows()[pod.task]
+        code = self.worker.reschedule(workload_of(obj).ti_id)
+        if code in (200, 204):
+            self.poked[pod.task] = (row.id, row.try_number, row.token)
+        pod.phase = "Succeeded" if code in (200, 204) else "Failed"
+        if code not in (200, 204) and self.launches.current(pod.task, pod.launch):
+            self.burns.allow(pod.task)
+        self.kubelet.end(pod.name, ok=pod.phase == "Succeeded")
+
+    # ------------------------------------------------------------------ compound steps: hard states in one draw
+
+    def pod_of(self, data, slot, *phases: str) -> str | None:
+        """A live pod of a current launch made by ``slot``, before /run; ``slot`` loops first when it
+        has none (one loop: its creation batch), so that the step builds its state from any start."""
+        def mine():
+            return [n for n in self.current_pods(*phases) if self.pods[n].creator == str(slot.sched.job_id)]
+
+        if not mine():
+            self.whole_loop(slot)
+            self.observe()
+        found = mine()
+        if not found:
+            return None
+        name = data.draw(st.sampled_from(found), label="pod")
+        self.trace[-1] += f" [{name}]"
+        return name
+
+    def started_pod(self, data, slot):
+        """``slot``'s newest Pending pod of a current launch (``pod_of``), started by the kubelet."""
+        name = self.pod_of(data, slot, "Pending")
+        if name is None:
+            return None
+        self.kubelet.start(name)
+        self.pods[name].phase = "Running"
+        return self.pods[name]
+
+    def start_then_supersede(self, data):
+        """A current launch's pod starts (its worker boots, no /run yet), then its task is cleared and
+        a live scheduler queues it again: a Running pod of a superseded launch before /run."""
+        slot = self.pick(data)
+        other = self.pick(data, label="other")
+        with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none); user clears its task; "
+                       f"{other.name}: schedule + enqueue"):
+            pod = self.started_pod(data, slot)
+            if pod is None:
+                return
+            self.clear_task(pod.task)
+            self.join(other)
+            self.enqueue_by(other)
+
+    def cut_off_then_supersede(self, data):
+        """The creator of a current launch's live pod is cut off from the API (it goes on
+        heartbeating), the task is cleared and a peer queues it again: only a peer can fence it."""
+        creator = self.pick(data)
+        peer = self.pick(data, [s for s in self.live_slots() if s is not creator], label="peer")
+        kind = data.draw(st.sampled_from(["500", "503"]), label="fault")
+        with self.step(f"API answers {creator.name} with {kind} until healed (after a loop if it has no pod); user "
+                       f"clears the task of its newest pod; {peer.name}: schedule + enqueue; {WAIT} s pass, "
+                       f"{creator.name} heartbeating; {peer.name} loops"):
+            name = self.pod_of(data, creator, *LIVE)
+            if name is None:
+                return
+            pod = self.pods[name]
+            if kind not in creator.faults:
+                creator.faults[kind] = self.env.emulator.add_fault(who=creator.user, **PERSISTENT[kind])
+            self.clear_task(pod.task)
+            self.join(peer)
+            self.enqueue_by(peer)
+            self.observe()  # the superseded pod is marked now, its epoch before the wait's
+            self.pass_time(beating=tuple(self.live_slots()))
+            self.whole_loop(peer)
+
+    def revoke_loses_delete(self, data):
+        """Issue 35 item 1 in one draw: the stuck-in-queued revoke's delete of a Pending pod is answered
+        404 (the pod stays), the task waits SCHEDULED under the same token for one loop, then it is
+        queued again under a new token."""
+        slot = self.pick(data)
+        with self.step(f"{slot.name}: stuck-in-queued revokes its newest Pending pod (after a loop if it has "
+                       f"none; the delete answered 404), one loop, then schedule + enqueue"):
+            if self.pod_of(data, slot, "Pending") is None:
+                return
+            fault = self.env.emulator.add_fault(method="DELETE", path=r"/pods/", status=404, who=slot.user)
+            try:
+                self.stuck(slot, timeout=0.0)
+            finally:
+                self.env.emulator.clear_faults(fault)
+            self.after_loop(slot, self.loop(slot))
+            self.enqueue_by(slot)
+
+    def supersede_past_a_failing_delete(self, data):
+        """The fence's own delete fails once: a scheduler's newest Pending pod is superseded (a user
+        clears the task, the scheduler queues it again) and its next delete is answered 404 (a
+        webhook, a proxy, a lost race) or 500; it loops once (the delete fails). The loops after
+        must delete it, whoever else is there."""
+        slot = self.pick(data)
+        status = data.draw(st.sampled_from([404, 500]), label="status")
+        with self.step(f"{slot.name}'s newest Pending pod superseded (after a loop if it has none; user clears, "
+                       f"{slot.name} queues again); its next delete answered {status}; {slot.name} loops"):
+            name = self.pod_of(data, slot, "Pending")
+            if name is None:
+                return
+            # this pod's delete alone: a fault on every delete would hit the next one of an older
+            # superseded pod too, and the checker would blame the fence for the fault it made
+            self.env.emulator.add_fault(method="DELETE", path=rf"/pods/{re.escape(name)}$", status=status, times=1,
+                                        who=slot.user)
+            self.clear_task(self.pods[name].task)
+            self.enqueue_by(slot)
+            self.whole_loop(slot)
+
+    def sensor_pokes_again(self, data):
+        """A whole poke of the reschedule-mode sensor in one draw: a live scheduler loops (the sensor
+        queued, its pod made), the pod starts, its worker wins /run, reschedules and exits; the
+        scheduler loops again (queued anew: the same try, a new launch)."""
+        slot = self.pick(data)
+        with self.step(f"{slot.name}: the sensor's pod starts, wins /run, reschedules, exits; {slot.name} loops"):
+            names = [n for n in self.pod_of_task(slot, SENSOR)]
+            if not names:
+                return
+            pod = self.pods[names[-1]]
+            self.trace[-1] += f" [{pod.name}]"
+            if pod.phase == "Pending":
+                self.kubelet.start(pod.name)
+                pod.phase = "Running"
+            if pod.ran is None:
+                self.run_worker(pod)
+            if pod.ran == "won" and pod.phase == "Running":
+                self.reschedule_worker(pod)
+                self.whole_loop(slot)
+
+    def pod_of_task(self, slot, task: str) -> list[str]:
+        """Live pods of ``task``'s current launch (``slot`` loops first when there is none)."""
+        def found():
+            return [n for n in self.pods_where(*LIVE, task=task) if self.launches.current(task, self.pods[n].launch)
+                    and self.pods[n].ran != "refused"]
+
+        if not found():
+            self.whole_loop(slot)
+            self.observe()
+        return found()
+
+    def orphaned_queued_task(self, data):
+        """A scheduler queues a task and is killed before it creates the pod; its heartbeat ages past
+        the orphan check and a peer adopts: the fenced peer launches the task under the same token."""
+        slot = self.pick(data)
+        peer = self.pick(data, [s for s in self.live_slots() if s is not slot], label="peer")
+        with self.step(f"{slot.name}: schedule + enqueue, then killed; wait {WAIT} s; {peer.name} adopts orphans"):
+            self.join(slot)
+            self.enqueue_by(slot)
+            self.exit(slot, "kill")
+            self.pass_time()
+            self.beat(peer)
+            self.adopt(peer)
 
     # ------------------------------------------------------------------ scheduler lifecycle
 
