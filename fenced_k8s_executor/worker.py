@@ -210,7 +210,8 @@ class StartGuard:
 
 def stopped_launch(guard: StartGuard, exc: BaseException) -> dict[str, str] | None:
     """If ``exc`` ended a launch told to stop before its task started, the log-safe facts about it
-    (a /run in flight when the signal came, then refused, counts); else None."""
+    (a /run in flight when the signal came, then refused, counts); else None. A stop before /run
+    is told without importing anything: it may have cut an import of Airflow short."""
     if isinstance(exc, (StoppedBeforeRun, _Interrupted)):
         return {"reason": "stopped_before_run", "signal": str(exc), "status": "-"}
     refusal = run_refusal(exc)
@@ -218,6 +219,12 @@ def stopped_launch(guard: StartGuard, exc: BaseException) -> dict[str, str] | No
         return {"reason": "stopped_during_run", "signal": guard.stopped_by, "status": str(refusal[1]),
                 "ti_id": refusal[0]}
     return None
+
+
+def _loaded(module: str) -> bool:
+    """Whether ``module`` was imported to the end (a stop may have cut its import short)."""
+    found = sys.modules.get(module)
+    return found is not None and not getattr(getattr(found, "__spec__", None), "_initializing", False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         import structlog
 
         logger = structlog.get_logger(logger_name=MODULE)
-        facts = stale_launch(exc)
+        early = isinstance(exc, (StoppedBeforeRun, _Interrupted))
+        facts = None if early else stale_launch(exc)
         if facts is not None:
             metrics.incr("worker.stale_exit", {"reason": facts["reason"]})
             logger.warning(
@@ -249,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         stopped = stopped_launch(guard, exc)
         if stopped is None:
             raise
-        metrics.incr("worker.stopped_at_start", {"reason": stopped["reason"]})
         logger.warning(STOPPED, **stopped)
+        if _loaded("airflow"):  # metrics go through Airflow's Stats
+            metrics.incr("worker.stopped_at_start", {"reason": stopped["reason"]})
         return 0
     return 0
 

@@ -80,3 +80,27 @@ def test_the_stop_line_names_a_refused_run_in_flight():
     assert worker.stopped_launch(guard, RuntimeError("x")) is None
     assert worker.stopped_launch(guard, worker.StoppedBeforeRun("SIGTERM")) == {
         "reason": "stopped_before_run", "signal": "SIGTERM", "status": "-"}
+
+
+def test_a_stop_that_cuts_the_import_of_airflow_short_still_exits_0_with_the_line():
+    """Seen in the lab on Airflow 3.4: the revoke's SIGTERM came while the worker imported Airflow;
+    telling the stop then imported Airflow again from its half-initialized modules, which raised
+    from its logging configuration: a traceback and exit 1 instead of the stop line."""
+    code = textwrap.dedent("""
+        import os, signal, sys
+
+        class StopDuringImport:  # the pod is told to stop while Airflow's settings import
+            def find_spec(self, name, path=None, target=None):
+                if name == "airflow.settings":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return None
+
+        sys.meta_path.insert(0, StopDuringImport())
+        from fenced_k8s_executor.worker import main
+        sys.exit(main(["--json-string", "{}"]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [line] = [x for x in (done.stdout + done.stderr).splitlines() if worker.STOPPED in x]
+    assert "stopped_before_run" in line and "SIGTERM" in line
+    assert "Traceback" not in done.stdout + done.stderr
