@@ -49,6 +49,7 @@ FOR EACH ROW EXECUTE FUNCTION lab_ti_log_fn();
 
 DECISION = re.compile(r"decision=(\S+) path=(\S+) reason=(\S+) enforced=(\S+)(?:.*?pod=(\S+))?")
 ACCESS_STATUS = re.compile(r"status_code[\"']?\s*[=:]\s*(\d{3})")
+ACCESS_DURATION = re.compile(r"duration_us[\"']?\s*[=:]\s*(\d+)")
 #: The ISO timestamp Airflow's console log lines start with (UTC).
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z")
 #: The api-server's run gate answering 409 ``stale_executor_launch`` (its decision line).
@@ -173,7 +174,8 @@ def pod_evidence(records: dict[str, dict], skip: set[str] = frozenset()) -> list
 
 
 def run_calls(api_server_log: Path) -> list[dict]:
-    """Every ``PATCH .../run`` the api-server answered {ts, ti_id, status} (its access log)."""
+    """Every ``PATCH .../run`` the api-server answered {ts, ti_id, status, sent}, from its access log:
+    ``ts`` when it answered, ``sent`` when the request came in (``ts`` less its duration)."""
     calls = []
     if not api_server_log.exists():
         return calls
@@ -181,7 +183,9 @@ def run_calls(api_server_log: Path) -> list[dict]:
         path = RUN_PATH.search(line)
         status = ACCESS_STATUS.search(line)
         if path and status and "PATCH" in line:
-            calls.append({"ts": log_time(line), "ti_id": path.group(1), "status": int(status.group(1))})
+            at, took = log_time(line), ACCESS_DURATION.search(line)
+            sent = at - int(took.group(1)) / 1e6 if at is not None and took else at
+            calls.append({"ts": at, "ti_id": path.group(1), "status": int(status.group(1)), "sent": sent})
     return calls
 
 

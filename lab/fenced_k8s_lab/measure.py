@@ -130,19 +130,25 @@ def _ran_superseded(pod: dict, launch: Launch | None) -> bool:
     return launch is not None and launch.superseded_at is not None and pod["ran_at"] >= launch.superseded_at
 
 
+def _sent(call: dict) -> float:
+    """When a /run request came in (older evidence: when it was answered)."""
+    return call["sent"] if call.get("sent") is not None else call["ts"]
+
+
 def _run_calls_of(pod: dict, calls: list[dict]) -> list[dict]:
     """The /run calls this pod sent: its TI id's calls while its container ran."""
     if pod.get("started") is None:
         return []
     end = pod.get("finished") or float("inf")
     return [c for c in calls if c.get("ti_id") == pod.get("ti_id") and c.get("ts") is not None
-            and pod["started"] <= c["ts"] <= end + 1.0]
+            and pod["started"] <= _sent(c) <= end + 1.0]
 
 
 def start_stops(ev: Evidence) -> dict[str, int | None]:
     """Pods told to stop (deleted) after their container started and before they sent /run (a
-    stuck-in-queued revoke of a slow start, a fence's delete), and /run calls pods sent after they
-    had been told to stop (the Task SDK's warm shutdown on Airflow 3.4). None without /run times."""
+    stuck-in-queued revoke of a slow start, a fence's delete), and /run requests pods sent after
+    they had been told to stop (the Task SDK's warm shutdown on Airflow 3.4; a request already in
+    flight at the stop does not count). None without /run times."""
     if not ev.run_calls or any(c.get("ts") is None for c in ev.run_calls) or any(
             "told_to_stop" not in p for p in ev.pods):
         return {"pods_stopped_while_starting": None, "run_after_stop": None}
@@ -152,9 +158,9 @@ def start_stops(ev: Evidence) -> dict[str, int | None]:
         if told is None or pod.get("started") is None or told < pod["started"]:
             continue
         calls = _run_calls_of(pod, ev.run_calls)
-        if not any(c["ts"] < told for c in calls):
+        if not any(_sent(c) < told for c in calls):
             stopped += 1
-        late += sum(1 for c in calls if c["ts"] >= told)
+        late += sum(1 for c in calls if _sent(c) >= told)
     return {"pods_stopped_while_starting": stopped, "run_after_stop": late}
 
 

@@ -3,6 +3,8 @@ burned retries and false-positive deletions."""
 
 from __future__ import annotations
 
+import pytest
+
 from fenced_k8s_lab.measure import Evidence, launches, measure, stale_exit_reason
 
 A, B = "00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000b"
@@ -238,6 +240,9 @@ def test_stops_and_late_runs_need_run_times():
     quiet = pod("quiet", B, 2, started=3, finished=7, exit_code=143, iat=1) | {"told_to_stop": 6}
     ev = evidence(pods=[early, quiet], run_calls=[{"ts": 4, "ti_id": A, "status": 200}])
     assert (measure(ev)["pods_stopped_while_starting"], measure(ev)["run_after_stop"]) == (1, 0)
+    # a /run sent before the stop and answered after it (a slow api-server) was not sent after it
+    slow = evidence(pods=[early], run_calls=[{"ts": 8.5, "sent": 7.5, "ti_id": A, "status": 200}])
+    assert (measure(slow)["pods_stopped_while_starting"], measure(slow)["run_after_stop"]) == (0, 0)
     old = evidence(pods=[early, quiet], run_calls=[{"ti_id": A, "status": 200}])
     assert measure(old)["pods_stopped_while_starting"] is None and measure(old)["run_after_stop"] is None
 
@@ -277,7 +282,9 @@ def test_the_logs_give_run_times_gate_answers_and_stuck_in_queued(tmp_path):
         "2026-12-05T08:49:47Z [info     ] Task requeue attempts exceeded max; marking failed. task_instance="
         f"<TaskInstance: lab.t00 manual__x [queued] ti_id={A}> [airflow.jobs.scheduler_job_runner]\n")
     at = log_time("2026-12-05T08:52:04.642918Z [info")
-    assert run_calls(api) == [{"ts": at, "ti_id": A, "status": 409}]
+    assert run_calls(api) == [{"ts": at, "ti_id": A, "status": 409, "sent": at}]
+    api.write_text(api.read_text().replace("method=PATCH", "duration_us=3103228 method=PATCH"))
+    assert run_calls(api)[0]["sent"] == pytest.approx(at - 3.103228)
     assert gate_rejections(api) == [{"ts": log_time("2026-12-05T08:52:04.5Z x"), "ti_id": A}]
     assert [(e["ti_id"], e["outcome"]) for e in stuck_in_queued([sched])] == [(A, "requeued"), (A, "failed")]
     assert log_time('{"timestamp":"2026-12-05T08:52:04.642918Z","event":"x"}') == at
