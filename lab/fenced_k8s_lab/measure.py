@@ -243,6 +243,9 @@ def measure(ev: Evidence) -> dict[str, Any]:
         "run_404": max(0, statuses.get(404, 0) - handled_404 - stopped["404"]),
         "run_409": max(0, statuses.get(409, 0) - gate_409 - stopped["409"]),
         "run_410": max(0, statuses.get(410, 0) - handled_410 - stopped["410"]),
+        # A workload token past its lifetime (task_queued_timeout from when it was minted): a job
+        # that waited out a quota before its pod was created.
+        "run_403": max(0, statuses.get(403, 0) - stopped["403"]),
         "run_rejected_stale": gate_409 + handled_404 + handled_410,
         "run_gate_rejected": None if ev.gate_rejections is None else len(ev.gate_rejections),
         "stopped_at_start": sum(1 for p in ev.pods if p.get("stopped_at_start")),

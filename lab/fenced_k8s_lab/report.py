@@ -23,6 +23,7 @@ ROWS = [
     ("run_404", "/run 404 (unhandled)"),
     ("run_409", "/run 409 (unhandled)"),
     ("run_410", "/run 410 (unhandled; Airflow 3.4's archived attempts)"),
+    ("run_403", "/run 403 (the workload token expired)"),
     ("pods_stopped_while_starting", "pods stopped while starting (deleted before /run)"),
     ("run_after_stop", "/run sent after the pod was told to stop"),
     ("stopped_at_start", "pods that exited 0 on the stop, before their task"),
@@ -71,6 +72,9 @@ DEFINITIONS = {
     "run_409": "`/run` calls answered 409 that no worker handled as a stale launch.",
     "run_410": "`/run` calls answered 410 (Airflow 3.4: an archived attempt) that no worker handled as a stale "
                "launch.",
+    "run_403": "`/run` calls answered 403 `Invalid auth token`: the workload's token outlived its lifetime "
+               "(`task_queued_timeout` from when it was minted), e.g. a job that waited out a quota before its pod "
+               "was created; the worker exits 1.",
     "duplicate_pods": "pods started beyond the first for one launch.",
     "pods_stopped_while_starting": "pods told to stop (deleted: a stuck-in-queued revoke, a fence) after their "
                                    "container started and before they sent `/run`.",
@@ -131,6 +135,8 @@ FAILURES = [
     ("stale_task_runs", "of them ran the task code", "of them ran the task code"),
     ("run_404", "`/run` call failed with an opaque 404", "`/run` calls failed with an opaque 404"),
     ("run_409", "`/run` call failed with 409", "`/run` calls failed with 409"),
+    ("run_403", "`/run` call was refused with 403 (an expired workload token)",
+     "`/run` calls were refused with 403 (expired workload tokens)"),
     ("duplicate_pods", "launch got a duplicate pod", "duplicate pods started for one launch"),
     ("retries_burned_by_stale", "retry was burned by a stale pod's failure",
      "retries were burned by stale pods' failures"),

@@ -219,6 +219,8 @@ def test_the_run_gates_409_is_a_launch_turned_away_never_an_unhandled_409():
              {"ts": 7, "ti_id": B, "status": 200}]
     m = measure(evidence(run_calls=calls, gate_rejections=[{"ts": 5, "ti_id": A}]))
     assert m["run_409"] == 1 and m["run_gate_rejected"] == 1 and m["run_rejected_stale"] == 1
+    assert m["run_403"] == 0
+    assert measure(evidence(run_calls=[{"ts": 5, "ti_id": A, "status": 403}]))["run_403"] == 1
     assert measure(evidence(run_calls=calls))["run_gate_rejected"] is None
 
 
