@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-_FAULT_CONTROLS = {"fault", "clear_faults", "watch_gap", "scheduler_faults", "close_watches"}
+_FAULT_CONTROLS = {"fault", "clear_faults", "watch_gap", "scheduler_faults", "close_watches", "pod_quota"}
 
 
 def needs_faults(fn: Any, _seen: set | None = None) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from fenced_k8s_lab.dags import FAIL_MARK, TASK_MARK
-from fenced_k8s_lab.measure import RUN_PATH, Evidence, stale_exit_reason
+from fenced_k8s_lab.measure import RUN_PATH, Evidence, stale_exit_reason, stopped_at_start
 
 #: Every change of a task_instance row that matters for launches, with a wall-clock timestamp
 #: taken when the row changes (lab databases only; Airflow never sees the table).
@@ -49,6 +49,14 @@ FOR EACH ROW EXECUTE FUNCTION lab_ti_log_fn();
 
 DECISION = re.compile(r"decision=(\S+) path=(\S+) reason=(\S+) enforced=(\S+)(?:.*?pod=(\S+))?")
 ACCESS_STATUS = re.compile(r"status_code[\"']?\s*[=:]\s*(\d{3})")
+ACCESS_DURATION = re.compile(r"duration_us[\"']?\s*[=:]\s*(\d+)")
+#: The ISO timestamp Airflow's console log lines start with (UTC).
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z")
+#: The api-server's run gate answering 409 ``stale_executor_launch`` (its decision line).
+GATE_REJECTED = re.compile(r"decision=run_gate\.rejected .*?ti_id=([0-9a-f-]{36})")
+#: airflow-core's stuck-in-queued handler: a re-queue, or the task failed at its re-queue limit.
+STUCK_IN_QUEUED = re.compile(r"Task (stuck in queued; will try to requeue|requeue attempts exceeded max; marking "
+                             r"failed)\..*?ti_id=([0-9a-f-]{36})")
 #: airflow-core's SchedulerJobRunner._process_executor_events, once per event it takes from the buffer.
 EXECUTOR_EVENT = re.compile(r"Received executor event with state (\w+) for task instance TaskInstanceKey\("
                             r"dag_id='([^']*)', task_id='([^']*)', run_id='([^']*)', try_number=(\d+)")
@@ -115,6 +123,27 @@ def read_db(db_url: str) -> tuple[list[dict], list[dict], list[dict]]:
     return log, tis, history
 
 
+def log_time(line: str) -> float | None:
+    """Epoch seconds of an Airflow log line's leading UTC timestamp, or of a JSON line's ``timestamp``."""
+    from datetime import datetime, timezone
+
+    match = LOG_TIME.match(line)
+    if match is None:
+        found = re.search(r'"timestamp"\s*:\s*"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z?"', line)
+        if found is None:
+            return None
+        match = found
+    return datetime.fromisoformat(match.group(1)).replace(tzinfo=timezone.utc).timestamp()
+
+
+def _task_mark_time(output: str, pod_name: str) -> float | None:
+    """When the pod's task code printed its mark (the task ran), from the worker's JSON log line."""
+    for line in output.splitlines():
+        if f"{TASK_MARK} {pod_name} " in line:
+            return log_time(line)
+    return None
+
+
 def pod_evidence(records: dict[str, dict], skip: set[str] = frozenset()) -> list[dict]:
     pods = []
     for record in records.values():
@@ -135,13 +164,18 @@ def pod_evidence(records: dict[str, dict], skip: set[str] = frozenset()) -> list
             "finished": record.get("finished_at") or record.get("deleted_at"),
             "exit_code": record.get("exit_code"),
             "output_stale_exit": stale_exit_reason(output),
+            "stopped_at_start": stopped_at_start(output),
+            "told_to_stop": record.get("deletion_seen_at"),
             "ran_task": f"{TASK_MARK} {record['name']} " in output,
+            "ran_at": _task_mark_time(output, record["name"]),
             "failed_on_purpose": f"{FAIL_MARK} {record['name']} " in output,
         })
     return pods
 
 
 def run_calls(api_server_log: Path) -> list[dict]:
+    """Every ``PATCH .../run`` the api-server answered {ts, ti_id, status, sent}, from its access log:
+    ``ts`` when it answered, ``sent`` when the request came in (``ts`` less its duration)."""
     calls = []
     if not api_server_log.exists():
         return calls
@@ -149,8 +183,31 @@ def run_calls(api_server_log: Path) -> list[dict]:
         path = RUN_PATH.search(line)
         status = ACCESS_STATUS.search(line)
         if path and status and "PATCH" in line:
-            calls.append({"ti_id": path.group(1), "status": int(status.group(1))})
+            at, took = log_time(line), ACCESS_DURATION.search(line)
+            sent = at - int(took.group(1)) / 1e6 if at is not None and took else at
+            calls.append({"ts": at, "ti_id": path.group(1), "status": int(status.group(1)), "sent": sent})
     return calls
+
+
+def gate_rejections(api_server_log: Path) -> list[dict]:
+    """The run gate's own 409s {ts, ti_id}: launches the fence turned away at /run."""
+    if not api_server_log.exists():
+        return []
+    return [{"ts": log_time(line), "ti_id": match.group(1)}
+            for line in api_server_log.read_text(errors="replace").splitlines()
+            if (match := GATE_REJECTED.search(line))]
+
+
+def stuck_in_queued(scheduler_logs: list[Path]) -> list[dict]:
+    """airflow-core's stuck-in-queued handler at work {ts, ti_id, outcome: requeued | failed, log}."""
+    found = []
+    for path in scheduler_logs:
+        for line in path.read_text(errors="replace").splitlines():
+            match = STUCK_IN_QUEUED.search(line)
+            if match:
+                found.append({"ts": log_time(line), "ti_id": match.group(2), "log": path.name,
+                              "outcome": "failed" if match.group(1).startswith("requeue") else "requeued"})
+    return found
 
 
 def decisions(scheduler_logs: list[Path]) -> list[dict]:
@@ -344,6 +401,8 @@ def collect(*, db_url: str, kubelet_records: dict[str, dict], audit: list[dict],
         history=history,
         pods=pod_evidence(kubelet_records, skip=foreign),
         run_calls=run_calls(log_dir / "api-server.log"),
+        gate_rejections=gate_rejections(log_dir / "api-server.log"),
+        stuck_in_queued=stuck_in_queued(scheduler_logs),
         deletes=scheduler_deletes(deletes),
         decisions=decisions(scheduler_logs),
         wall_seconds=wall_seconds,

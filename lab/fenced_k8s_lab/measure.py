@@ -27,6 +27,8 @@ HOLDS_SLOT = {"queued", "running", "restarting"}
 #: A scheduler whose gauges are older than this at collection time is gone (killed) and not counted.
 GAUGE_FRESH_SECONDS = 20.0
 STALE_EXIT_MARK = "stale executor launch: not running the task"
+#: ``fenced_k8s_executor.worker.STOPPED``: a pod told to stop before its task started.
+STOPPED_MARK = "stopped before the task started: not running it"
 RUN_PATH = re.compile(r"/execution/task-instances/([0-9a-f-]{36})/run")
 
 
@@ -38,8 +40,8 @@ class Evidence:
     tis: list[dict]  # final task_instance rows {id, dag_id, task_id, run_id, map_index, try_number, state}
     history: list[dict]  # task_instance_history rows {ti_id, dag_id, task_id, run_id, map_index, try_number, state}
     pods: list[dict]  # {name, ti_id, task_id, try_number, created, started, finished, exit_code,
-    #                    output_stale_exit, ran_task, failed_on_purpose}
-    run_calls: list[dict]  # api-server /run responses {ti_id, status}
+    #                    output_stale_exit, stopped_at_start, told_to_stop, ran_task, ran_at, failed_on_purpose}
+    run_calls: list[dict]  # api-server /run responses {ts, ti_id, status}
     deletes: list[dict]  # scheduler deletes from the API audit {ts, who, name}
     decisions: list[dict]  # fence decision log lines {decision, path, reason, pod}
     wall_seconds: float = 0.0
@@ -62,6 +64,10 @@ class Evidence:
     scheduler_restarts: list[dict] | None = None
     #: API requests of the schedulers that an injected fault hit, from the API audit {verb, who, code}
     api_faults: list[dict] | None = None
+    #: the run gate's own ``409 stale_executor_launch`` answers {ts, ti_id}; None: not read
+    gate_rejections: list[dict] | None = None
+    #: airflow-core's stuck-in-queued handler {ts, ti_id, outcome: requeued | failed}; None: not read
+    stuck_in_queued: list[dict] | None = None
 
 
 @dataclass
@@ -113,6 +119,51 @@ def _superseded_when_started(pod: dict, launch: Launch | None) -> bool:
     )
 
 
+def _ran_superseded(pod: dict, launch: Launch | None) -> bool:
+    """The pod ran the task code after its launch had been superseded: by when its task code
+    started (``ran_at``) when known, which counts a pod that started in time and ran late (a
+    stuck-in-queued re-queue of the same TI id lets it through /run); else by its container start."""
+    if not pod.get("ran_task"):
+        return False
+    if pod.get("ran_at") is None:
+        return bool(pod.get("_stale"))
+    return launch is not None and launch.superseded_at is not None and pod["ran_at"] >= launch.superseded_at
+
+
+def _sent(call: dict) -> float:
+    """When a /run request came in (older evidence: when it was answered)."""
+    return call["sent"] if call.get("sent") is not None else call["ts"]
+
+
+def _run_calls_of(pod: dict, calls: list[dict]) -> list[dict]:
+    """The /run calls this pod sent: its TI id's calls while its container ran."""
+    if pod.get("started") is None:
+        return []
+    end = pod.get("finished") or float("inf")
+    return [c for c in calls if c.get("ti_id") == pod.get("ti_id") and c.get("ts") is not None
+            and pod["started"] <= _sent(c) <= end + 1.0]
+
+
+def start_stops(ev: Evidence) -> dict[str, int | None]:
+    """Pods told to stop (deleted) after their container started and before they sent /run (a
+    stuck-in-queued revoke of a slow start, a fence's delete), and /run requests pods sent after
+    they had been told to stop (the Task SDK's warm shutdown on Airflow 3.4; a request already in
+    flight at the stop does not count). None without /run times."""
+    if not ev.run_calls or any(c.get("ts") is None for c in ev.run_calls) or any(
+            "told_to_stop" not in p for p in ev.pods):
+        return {"pods_stopped_while_starting": None, "run_after_stop": None}
+    stopped, late = 0, 0
+    for pod in ev.pods:
+        told = pod.get("told_to_stop")
+        if told is None or pod.get("started") is None or told < pod["started"]:
+            continue
+        calls = _run_calls_of(pod, ev.run_calls)
+        if not any(_sent(c) < told for c in calls):
+            stopped += 1
+        late += sum(1 for c in calls if _sent(c) >= told)
+    return {"pods_stopped_while_starting": stopped, "run_after_stop": late}
+
+
 def measure(ev: Evidence) -> dict[str, Any]:
     by_ti = launches(ev.ti_log)
     pods_by_launch: dict[tuple, list[dict]] = defaultdict(list)
@@ -126,6 +177,7 @@ def measure(ev: Evidence) -> dict[str, Any]:
         # Its launch was still current when the pod finished: its terminal event must be applied.
         pod["_current_at_finish"] = launch is not None and (
             launch.superseded_at is None or pod.get("finished") is None or pod["finished"] < launch.superseded_at)
+        pod["_ran_superseded"] = _ran_superseded(pod, launch)
         if pod["_stale"]:
             superseded_started.append(pod)
 
@@ -135,9 +187,14 @@ def measure(ev: Evidence) -> dict[str, Any]:
     statuses = Counter(call["status"] for call in ev.run_calls)
     stale_exits = sum(1 for p in ev.pods if p.get("output_stale_exit"))
     handled_404 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "ti_not_found")
-    handled_409 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "stale_executor_launch")
+    # The run gate's own 409s, from the api-server's decision lines: a launch the fence turned away,
+    # never a failure, whatever became of the worker (older evidence: the workers' stale lines).
+    gate_409 = (len(ev.gate_rejections) if ev.gate_rejections is not None
+                else sum(1 for p in ev.pods if p.get("output_stale_exit") == "stale_executor_launch"))
     # Airflow 3.4 answers /run of an archived attempt with 410 (the fenced worker: attempt_archived).
     handled_410 = sum(1 for p in ev.pods if p.get("output_stale_exit") == "attempt_archived")
+    # A pod told to stop while its /run was in flight, then refused: the stop's doing, not a failure.
+    stopped = Counter(str((p.get("stopped_at_start") or {}).get("status")) for p in ev.pods if p.get("stopped_at_start"))
 
     # The lab's tasks fail only on purpose (``failed_on_purpose``: the task printed its fail mark for
     # that try): every other transition of a try into failed or up_for_retry is a burned retry (a
@@ -183,18 +240,25 @@ def measure(ev: Evidence) -> dict[str, Any]:
         "pods_started": sum(1 for p in ev.pods if p.get("started") is not None),
         "pods_started_for_superseded_launch": len(superseded_started),
         "stale_pods_turned_away": stale_exits,
-        "run_404": max(0, statuses.get(404, 0) - handled_404),
-        "run_409": max(0, statuses.get(409, 0) - handled_409),
-        "run_410": max(0, statuses.get(410, 0) - handled_410),
-        "run_rejected_stale": handled_409 + handled_404 + handled_410,
+        "run_404": max(0, statuses.get(404, 0) - handled_404 - stopped["404"]),
+        "run_409": max(0, statuses.get(409, 0) - gate_409 - stopped["409"]),
+        "run_410": max(0, statuses.get(410, 0) - handled_410 - stopped["410"]),
+        # A workload token past its lifetime (task_queued_timeout from when it was minted): a job
+        # that waited out a quota before its pod was created.
+        "run_403": max(0, statuses.get(403, 0) - stopped["403"]),
+        "run_rejected_stale": gate_409 + handled_404 + handled_410,
+        "run_gate_rejected": None if ev.gate_rejections is None else len(ev.gate_rejections),
+        "stopped_at_start": sum(1 for p in ev.pods if p.get("stopped_at_start")),
+        **start_stops(ev),
         "duplicate_pods": duplicates,
         "retries_burned": len(failed_tries),
         "retries_burned_by_stale": burned_by_stale,
         "tries_burned_by_ha": tries_burned_by_ha(ev, own_failures),
-        "stale_task_runs": sum(1 for p in superseded_started if p.get("ran_task")),
+        "stale_task_runs": sum(1 for p in ev.pods if p["_ran_superseded"]),
         "tasks_failed": sum(1 for t in ev.tis if t.get("state") == "failed"),
         "tasks_succeeded": sum(1 for t in ev.tis if t.get("state") == "success"),
         "tasks_not_terminal": sum(1 for t in ev.tis if t.get("state") not in TERMINAL),
+        **stuck_in_queued(ev.stuck_in_queued),
         "wasted_pod_seconds": round(wasted, 1),
         "pods_deleted_by_executor": len(ev.deletes),
         "false_positive_deletions": false_positives,
@@ -205,7 +269,7 @@ def measure(ev: Evidence) -> dict[str, Any]:
         "scheduler_crashes": scheduler_crashes(ev.scheduler_exits),
         "scheduler_restarts": None if ev.scheduler_restarts is None else len(ev.scheduler_restarts),
         "watcher_crashes": watcher_crashes(ev.watcher_lines),
-        **events_applied(ev.executor_events, ev.pods),
+        **events_applied(ev.executor_events, ev.pods, failed_in_queue(ev)),
         "api_faults_hit": None if ev.api_faults is None else dict(sorted(Counter(
             f["verb"] for f in ev.api_faults).items())),
         "fencing_decisions": dict(sorted(decisions.items())),
@@ -261,7 +325,16 @@ def watcher_crashes(lines: list[dict] | None) -> int | None:
     return crashes
 
 
-def events_applied(events: list[dict] | None, pods: list[dict]) -> dict[str, int | None]:
+def failed_in_queue(ev: Evidence) -> set[tuple[str, str]]:
+    """(task_id, try_number) of the tries airflow-core failed at its stuck-in-queued limit: core
+    sends their failed event itself (``executor.fail``), no pod does."""
+    failed = {line["ti_id"] for line in ev.stuck_in_queued or () if line["outcome"] == "failed"}
+    return {(str(e.get("task_id")), str(e.get("try_number"))) for e in ev.ti_log
+            if e["ti_id"] in failed and e.get("state") == "queued"}
+
+
+def events_applied(events: list[dict] | None, pods: list[dict],
+                   sent_by_core: set[tuple[str, str]] = frozenset()) -> dict[str, int | None]:
     """Whether each pod's terminal state reached the scheduler exactly once.
 
     Expected: one terminal executor event (success/failed) per TI try (task_id, try_number)
@@ -272,7 +345,8 @@ def events_applied(events: list[dict] | None, pods: list[dict]) -> dict[str, int
     the schedulers' ``Received executor event with state success|failed`` lines for that try.
     ``events_lost``: expected tries received 0 times; ``events_applied_extra``: tries received more
     often than their pods allow (twice, or for a try whose only finished pods were stale: a stale
-    pod's state landing on the live try). None when the logs were not read."""
+    pod's state landing on the live try); a try core failed at the stuck-in-queued limit
+    (``sent_by_core``) has its one event from core. None when the logs were not read."""
     keys = ("events_not_applied_once", "events_lost", "events_applied_extra")
     if events is None:
         return dict.fromkeys(keys)
@@ -286,6 +360,7 @@ def events_applied(events: list[dict] | None, pods: list[dict]) -> dict[str, int
         allowed.add(key)
         if p.get("_current_at_finish", True):
             expected.add(key)
+    allowed |= set(sent_by_core)
     lost = sum(1 for k in expected if received[k] == 0)
     extra = sum(1 for k, n in received.items() if n > (1 if k in allowed else 0))
     return {"events_not_applied_once": lost + extra, "events_lost": lost, "events_applied_extra": extra}
@@ -301,6 +376,26 @@ def slots_leaked(ev: Evidence, tis_holding_slots: int) -> int | None:
     live = [g for g in ev.gauges if "executor.running_tasks" in g and g.get("ts", 0) >= now - GAUGE_FRESH_SECONDS]
     running = sum(int(g["executor.running_tasks"]) for g in live)
     return max(0, running - tis_holding_slots)
+
+
+def stuck_in_queued(lines: list[dict] | None) -> dict[str, int | None]:
+    """airflow-core's stuck-in-queued handler: re-queues (revoke, back to scheduled, same id and
+    try) and the tasks it failed at its re-queue limit. None when the logs were not read."""
+    if lines is None:
+        return {"requeues": None, "tasks_failed_in_queue": None}
+    return {"requeues": sum(1 for line in lines if line["outcome"] == "requeued"),
+            "tasks_failed_in_queue": len({line["ti_id"] for line in lines if line["outcome"] == "failed"})}
+
+
+def stopped_at_start(output: str) -> dict[str, str] | None:
+    """The worker's line for a pod told to stop before its task started {reason, status}, or None."""
+    for line in output.splitlines():
+        if STOPPED_MARK in line:
+            found = dict(re.findall(r'"(reason|status|signal)"\s*:\s*"([^"]*)"', line)
+                         or re.findall(r"(reason|status|signal)=(\S+)", line))
+            return {"reason": found.get("reason", "stopped_before_run"), "status": found.get("status", "-"),
+                    "signal": found.get("signal", "-")}
+    return None
 
 
 def stale_exit_reason(output: str) -> str | None:

@@ -18,14 +18,22 @@ ROWS = [
     ("pods_started_for_superseded_launch", "pods started for superseded launches"),
     ("stale_pods_turned_away", "  of which turned away at start (exit 0)"),
     ("stale_task_runs", "task code run by stale pods"),
+    ("run_rejected_stale", "stale launches turned away at /run (the fence)"),
+    ("run_gate_rejected", "  of which by the run gate's 409"),
     ("run_404", "/run 404 (unhandled)"),
     ("run_409", "/run 409 (unhandled)"),
     ("run_410", "/run 410 (unhandled; Airflow 3.4's archived attempts)"),
+    ("run_403", "/run 403 (the workload token expired)"),
+    ("pods_stopped_while_starting", "pods stopped while starting (deleted before /run)"),
+    ("run_after_stop", "/run sent after the pod was told to stop"),
+    ("stopped_at_start", "pods that exited 0 on the stop, before their task"),
     ("duplicate_pods", "duplicate pods per launch"),
     ("retries_burned", "retries burned"),
     ("retries_burned_by_stale", "  of which by stale launches"),
     ("tries_burned_by_ha", "tries burned by HA"),
+    ("requeues", "stuck-in-queued re-queues"),
     ("tasks_failed", "tasks failed"),
+    ("tasks_failed_in_queue", "  of which at the stuck-in-queued limit"),
     ("tasks_not_terminal", "tasks not terminal"),
     ("executor_slots_leaked", "executor slots leaked"),
     ("scheduler_crashes", "scheduler crashes"),
@@ -51,14 +59,33 @@ DEFINITIONS = {
     "pods_started_for_superseded_launch": "pods whose container started after their launch had been superseded: "
                                           "the pods apache/airflow#69760 is about.",
     "stale_pods_turned_away": "of those, pods whose worker met the launch gate and exited 0 without running the task.",
-    "stale_task_runs": "of those, pods whose output shows the task code ran: the task ran for a launch that was "
-                       "no longer its current one.",
+    "stale_task_runs": "pods whose task code ran (its first line printed) after their launch had been superseded, "
+                       "whenever their container started: the task ran for a launch that was no longer its current "
+                       "one (a pod that started in time and got through /run after a stuck-in-queued re-queue of "
+                       "the same task instance counts).",
+    "run_rejected_stale": "`/run` calls of superseded launches the fence turned away: the run gate's "
+                          "`409 stale_executor_launch`, and 404/410 for a claimed task instance id that is gone, "
+                          "which the worker handled (exit 0). Launches fenced, not failures.",
+    "run_gate_rejected": "of those, the run gate's own 409s (the api-server's decision lines).",
     "run_404": "`/run` calls the api-server answered 404 that no worker handled as a stale launch: a task failing "
                "with an opaque `not_found`.",
     "run_409": "`/run` calls answered 409 that no worker handled as a stale launch.",
     "run_410": "`/run` calls answered 410 (Airflow 3.4: an archived attempt) that no worker handled as a stale "
                "launch.",
+    "run_403": "`/run` calls answered 403 `Invalid auth token`: the workload's token outlived its lifetime "
+               "(`task_queued_timeout` from when it was minted), e.g. a job that waited out a quota before its pod "
+               "was created; the worker exits 1.",
     "duplicate_pods": "pods started beyond the first for one launch.",
+    "pods_stopped_while_starting": "pods told to stop (deleted: a stuck-in-queued revoke, a fence) after their "
+                                   "container started and before they sent `/run`.",
+    "run_after_stop": "`/run` calls a pod sent after it had been told to stop (the Task SDK's warm shutdown on "
+                      "Airflow 3.4 lets a pod deleted during its start go on to `/run`).",
+    "stopped_at_start": "pods whose worker, told to stop before its task started, exited 0 without running it "
+                        "(no `/run`, or a `/run` in flight that was refused).",
+    "requeues": "re-queues by airflow-core's stuck-in-queued handler (a task queued longer than "
+                "`task_queued_timeout`: revoked, back to scheduled, same task instance id and try).",
+    "tasks_failed_in_queue": "of the tasks failed, those airflow-core failed at its stuck-in-queued re-queue "
+                             "limit (`num_stuck_in_queued_retries`).",
     "retries_burned": "tries that ended `failed` or `up_for_retry` without the task failing on purpose (the lab's "
                       "tasks never fail by themselves unless the scenario says so).",
     "retries_burned_by_stale": "of those, the ones that followed a failed pod of a superseded launch of the same "
@@ -93,7 +120,9 @@ SUMMARY = [
     ("pods_started_for_superseded_launch", "pods started for superseded launches"),
     ("stale_task_runs", "task code run by stale pods"),
     (("run_404", "run_409", "run_410"), "/run 404 / 409 / 410 (unhandled)"),
+    ("run_rejected_stale", "stale launches turned away at /run"),
     ("tries_burned_by_ha", "tries burned by HA"),
+    ("requeues", "stuck-in-queued re-queues"),
     ("tasks_failed", "tasks failed"),
     ("tasks_not_terminal", "tasks not terminal"),
     ("false_positive_deletions", "false-positive deletions"),
@@ -106,11 +135,14 @@ FAILURES = [
     ("stale_task_runs", "of them ran the task code", "of them ran the task code"),
     ("run_404", "`/run` call failed with an opaque 404", "`/run` calls failed with an opaque 404"),
     ("run_409", "`/run` call failed with 409", "`/run` calls failed with 409"),
+    ("run_403", "`/run` call was refused with 403 (an expired workload token)",
+     "`/run` calls were refused with 403 (expired workload tokens)"),
     ("duplicate_pods", "launch got a duplicate pod", "duplicate pods started for one launch"),
     ("retries_burned_by_stale", "retry was burned by a stale pod's failure",
      "retries were burned by stale pods' failures"),
     ("tries_burned_by_ha", "try was burned by HA", "tries were burned by HA"),
     ("tasks_failed", "task ended failed", "tasks ended failed"),
+    ("tasks_failed_in_queue", "of them at the stuck-in-queued limit", "of them at the stuck-in-queued limit"),
     ("tasks_not_terminal", "task never finished", "tasks never finished"),
     ("executor_slots_leaked", "executor slot leaked", "executor slots leaked"),
     ("scheduler_crashes", "scheduler crashed", "schedulers crashed"),
@@ -120,6 +152,15 @@ FAILURES = [
      "pods of the other deployment were deleted"),
     ("false_positive_deletions", "pod of a current launch was deleted", "pods of current launches were deleted"),
 ]
+
+#: Failures said as a clause of another one when that one is said too: {metric: (the other one,
+#: its own words when said alone, singular and plural)}.
+CLAUSES = {
+    "stale_task_runs": ("pods_started_for_superseded_launch", "pod ran the task code for a superseded launch",
+                        "pods ran the task code for superseded launches"),
+    "tasks_failed_in_queue": ("tasks_failed", "task failed at the stuck-in-queued limit",
+                              "tasks failed at the stuck-in-queued limit"),
+}
 
 DEFINITIONS_ANCHOR = "metric-definitions"
 
@@ -162,9 +203,12 @@ def failures(metrics: dict[str, Any]) -> str | None:
         n = metrics.get(key)
         if not n:
             continue
-        if key == "stale_task_runs" and parts:  # a clause of the stale pods' part
-            parts[-1] += f", {n} {one if n == 1 else many}"
-            continue
+        if key in CLAUSES:
+            parent, one_alone, many_alone = CLAUSES[key]
+            if metrics.get(parent):  # said right after it, as a clause of it
+                parts[-1] += f", {n} {one if n == 1 else many}"
+                continue
+            one, many = one_alone, many_alone
         part = f"{n} {one if n == 1 else many}"
         if key == "pods_started_for_superseded_launch" and metrics.get("wasted_pod_seconds"):
             part += f" ({metrics['wasted_pod_seconds']:g} pod-seconds)"

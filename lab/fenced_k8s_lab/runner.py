@@ -51,6 +51,7 @@ class RunContext:
     killed: set = field(default_factory=set)  # scheduler roles the scenario killed or retired on purpose
     restarts: list[dict] = field(default_factory=list)  # scheduler processes started during the run {ts, role, why}
     db: Any = None  # the PostgreSQL server holding the metadata DB (``db_outage`` stops it)
+    _stops: list = field(default_factory=list)  # background work of the scenario, stopped at the end
 
     def note(self, what: str) -> None:
         self.faults.append({"ts": time.time(), "what": what})
@@ -66,6 +67,60 @@ class RunContext:
     def clear_faults(self, what: str) -> None:
         self.emulator.clear_faults()
         self.note(what)
+
+    def pod_quota(self, limit: int, message: str) -> None:
+        """A namespace ResourceQuota of ``limit`` pods, as the API server's quota admission applies
+        it: a create is refused (403 ``exceeded quota``) while ``limit`` pods that have not finished
+        exist. A thread admits one create at a time: it arms a create fault that lets exactly one
+        create through (``after=1``) while there is room, else none (``after=0``), and arms the next
+        one once that create went through. The used fault refuses every create until it is
+        replaced, so no two creates are ever admitted on one count. A create admitted but not yet
+        stored counts as live; one whose pod never showed up (it failed after admission, or was
+        deleted at once) stops counting after 2 quiet seconds."""
+        stop = threading.Event()
+        self._stops.append(stop.set)
+        namespace = self.stack.namespace
+
+        def live() -> set[str]:
+            return {p["metadata"]["uid"] for p in self.emulator.pods(namespace)
+                    if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
+
+        def arm(room: bool) -> int:
+            return self.emulator.add_fault(method="POST", path=r"/pods$", status=403, message=message,
+                                           after=1 if room else 0)
+
+        known = live()
+        first = arm(len(known) < limit)  # before any create can pass unaccounted
+
+        def keep(armed: int, room: bool, known: set[str]) -> None:
+            pending, quiet = 0, time.monotonic()  # creates admitted whose pod was not seen yet
+            while not stop.wait(0.1):
+                try:
+                    now = live()
+                    used = room and any(f["id"] == armed and f["seen"] >= 1 for f in self.emulator.faults())
+                    pending += used  # an admission comes before its pod shows up
+                    if used or now - known:
+                        pending, quiet = max(0, pending - len(now - known)), time.monotonic()
+                    known = now
+                    if pending and time.monotonic() - quiet > 2.0:
+                        pending = 0
+                    want = len(known) + pending < limit
+                    if used or want != room:
+                        fresh = arm(want)
+                        self.emulator.clear_faults(armed)  # the new one is in force first
+                        armed, room = fresh, want
+                except Exception as error:  # noqa: BLE001 - the emulator is going away with the run
+                    if not stop.is_set():
+                        self.say(f"  pod quota: {error!r}")
+
+        threading.Thread(target=keep, args=(first, len(known) < limit, known), name="lab-pod-quota",
+                         daemon=True).start()
+        self.note(f"namespace pod quota: {limit} pods")
+
+    def close(self) -> None:
+        """Stop what the scenario left running in the background (a pod quota)."""
+        for stop in self._stops:
+            stop()
 
     def trigger(self, run_id: str | None = None) -> None:
         run = self.stack.client().trigger(self.dag_id, run_id=run_id)
@@ -423,7 +478,7 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
     where = {"api_host": worker_host} if cluster else {}
     emulator = kube if kube is not None else Emulator()
     emulator.start()
-    stack = kubelet = neighbour = supervisor = None
+    stack = kubelet = neighbour = supervisor = ctx = None
     started = time.time()
     try:
         n_sched = scenario.schedulers or schedulers
@@ -480,6 +535,8 @@ def run_one(scenario: Scenario, executor: str, *, pg_server: Any, out_dir: Path,
                               scheduler_restarts=sorted(ctx.restarts + supervisor.restarts, key=lambda r: r["ts"]),
                               **observed)
     finally:
+        if ctx is not None:
+            ctx.close()
         if supervisor is not None:
             supervisor.stop()
         if kubelet is not None:

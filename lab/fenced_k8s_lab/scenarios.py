@@ -12,7 +12,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-QUOTA_MESSAGE = 'pods "x" is forbidden: exceeded quota: lab-quota, requested: pods=1, used: pods=3, limited: pods=3'
+
+
+def quota_message(limit: int) -> str:
+    """The API server's refusal of a pod create beyond a namespace pod quota."""
+    return f'pods "x" is forbidden: exceeded quota: lab-quota, requested: pods=1, used: pods={limit}, limited: pods={limit}'
+
+
+QUOTA_MESSAGE = quota_message(3)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,16 @@ def _pending_storm(ctx: Any) -> None:
     task queue (task_publish_max_retries=-1), stuck-in-queued re-queues the same TI ids with the
     same try on the same scheduler, and old jobs create their pods once the quota frees."""
     _storm(ctx)
+    ctx.wait_terminal()
+
+
+def _quota_storm(ctx: Any) -> None:
+    """A namespace pod quota of 4 under a fan-out of 16 with one scheduler: a create beyond the
+    quota is refused (403) and its job waits in the task queue (task_publish_max_retries=-1);
+    tasks queued longer than task_queued_timeout (30 s: a pod holds its place for its whole start
+    and run) are revoked and re-queued (same TI id and try), up to the re-queue limit."""
+    ctx.pod_quota(4, quota_message(4))
+    ctx.trigger()
     ctx.wait_terminal()
 
 
@@ -272,6 +289,8 @@ WHAT_IT_DOES = {
     "pending_storm": "Pod creation answered 403 (namespace quota) for 35 s while one scheduler froze 26 s and pods "
                      "started slowly, 2 at a time: stuck-in-queued re-queued the tasks and old jobs created pods "
                      "once the quota freed.",
+    "quota_storm": "A namespace quota of 4 pods under a fan-out of 16 with one scheduler: creates beyond the quota "
+                   "refused, stuck-in-queued (30 s) re-queuing the tasks that waited.",
     "clear_churn": "Queued tasks cleared through the REST API while their first pods were still Pending (those "
                    "start 25 s late).",
     "late_start": "clear_churn with the fenced executor's sweep off, so stale pods reach their container start and "
@@ -303,6 +322,9 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("pending_storm", _pending_storm.__doc__ or "", (8, 16), _pending_storm, env=_STORM_ENV,
                  capacity=2, delay="lognormal:scale=6,sigma=0.8,cap=40"),
+        Scenario("quota_storm", _quota_storm.__doc__ or "", (8, 16), _quota_storm, schedulers=1,
+                 env={**_STORM_ENV, "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "30"},
+                 delay="lognormal:scale=2,sigma=0.8,cap=20", timeout=420),
         Scenario("clear_churn", _clear_churn.__doc__ or "", (4, 12), _clear_churn,
                  env={"AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600"}),
         Scenario("late_start", "Clear churn with the fenced executor's sweep switched off: stale pods reach "

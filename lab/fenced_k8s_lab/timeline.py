@@ -3,8 +3,10 @@ first step or pod), so a glance compares like with like.
 
 One band per task, one lane per pod in it: grey while Pending, green while it runs for the
 current launch, red when it started after its launch was superseded (hatched when it ran the task
-code). Scenario steps are dashed lines with a number; the numbers are stacked so that none overlap,
-and the text of each step is listed beside its panel, never on the plot.
+code for a superseded launch, whenever it started). A task that ended failed has its name in red
+and a cross where it failed; each stuck-in-queued re-queue is a short black tick on its band.
+Scenario steps are dashed lines with a number; the numbers are stacked so that none overlap, and
+the text of each step is listed beside its panel, never on the plot.
 """
 
 from __future__ import annotations
@@ -55,8 +57,31 @@ def step_list(evidence: Any, t0: float) -> list[str]:
     return lines
 
 
+def _tasks(evidence: Any) -> list[str]:
+    """Every task with a pod or a row (a task that never got a pod, or failed, is shown too)."""
+    return sorted({p.get("task_id") or "?" for p in evidence.pods} | {t["task_id"] for t in evidence.tis
+                                                                      if t.get("task_id")})
+
+
+def task_marks(evidence: Any) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """({task: when it ended failed}, {task: its stuck-in-queued re-queues}) from the change log and
+    the scheduler logs (``stuck_in_queued``)."""
+    failed_tasks = {t["task_id"] for t in evidence.tis if t.get("state") == "failed"}
+    task_of, failed_at = {}, {}
+    for entry in sorted(evidence.ti_log, key=lambda e: e["ts"]):
+        if entry.get("task_id"):
+            task_of[entry["ti_id"]] = entry["task_id"]
+        if entry.get("state") == "failed" and entry.get("task_id") in failed_tasks:
+            failed_at[entry["task_id"]] = entry["ts"]
+    requeued: dict[str, list[float]] = {}
+    for line in getattr(evidence, "stuck_in_queued", None) or ():
+        if line["outcome"] == "requeued" and line["ti_id"] in task_of and line.get("ts") is not None:
+            requeued.setdefault(task_of[line["ti_id"]], []).append(line["ts"])
+    return failed_at, requeued
+
+
 def _panel(ax: Any, side: Any, evidence: Any, t0: float, span: float, title: str) -> None:
-    tasks = sorted({p.get("task_id") or "?" for p in evidence.pods})
+    tasks = _tasks(evidence)
     row = {task: i for i, task in enumerate(tasks)}
     per_task: dict[str, list[dict]] = {}
     for pod in sorted(evidence.pods, key=lambda p: p.get("created") or 0):
@@ -72,9 +97,16 @@ def _panel(ax: Any, side: Any, evidence: Any, t0: float, span: float, title: str
                     color="lightgray", linewidth=0)
             if start:
                 stale = pod.get("_stale", False)
+                ran_stale = pod.get("_ran_superseded", stale and pod.get("ran_task"))
                 ax.barh(y, max((end or start) - start, 0.3), left=start - t0, height=lane * 0.85,
-                        color="tab:red" if stale else "tab:green", hatch="////" if stale and pod.get("ran_task")
-                        else None, edgecolor="black" if stale and pod.get("ran_task") else None, linewidth=0)
+                        color="tab:red" if stale else "tab:green", hatch="////" if ran_stale else None,
+                        edgecolor="black" if ran_stale else None, linewidth=0)
+    failed_at, requeued = task_marks(evidence)
+    for task, times in requeued.items():
+        ax.scatter([t - t0 for t in times], [row[task] + 0.42] * len(times), marker="|", s=30, color="black",
+                   linewidths=0.8, zorder=3)
+    for task, when in failed_at.items():
+        ax.scatter([when - t0], [row[task]], marker="x", s=45, color="tab:red", linewidths=2, zorder=4)
     steps = sorted(evidence.faults, key=lambda f: f["ts"])
     xs = [f["ts"] - t0 for f in steps]
     stacked = levels(xs, MIN_GAP * span)
@@ -84,7 +116,10 @@ def _panel(ax: Any, side: Any, evidence: Any, t0: float, span: float, title: str
         ax.text(x, top + 0.45 + 0.75 * level, str(n), ha="center", va="center", fontsize=7,
                 bbox=dict(boxstyle="circle,pad=0.2", fc="white", ec="tab:orange", lw=0.8))
     ax.set_ylim(-0.6, top + 0.9 + 0.75 * (max(stacked, default=0)))
-    ax.set_yticks(range(len(tasks)), tasks, fontsize=7)
+    ax.set_yticks(range(len(tasks)), [f"{t} failed" if t in failed_at else t for t in tasks], fontsize=7)
+    for label, task in zip(ax.get_yticklabels(), tasks):
+        if task in failed_at:
+            label.set_color("tab:red")
     ax.set_title(title, fontsize=9, loc="left")
     side.axis("off")
     side.text(0.0, 1.0, "\n".join(step_list(evidence, t0)) or "no steps recorded", transform=side.transAxes,
@@ -105,6 +140,7 @@ def figure(scenario: str, runs: dict[str, Any], settings: dict[str, str] | None 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     from fenced_k8s_lab.report import settings_of, what_it_does
@@ -114,7 +150,7 @@ def figure(scenario: str, runs: dict[str, Any], settings: dict[str, str] | None 
     span = max([_end(evidence, starts[e]) for e, evidence in runs.items()] + [1.0])
     heights = []
     for evidence in runs.values():
-        tasks = len({p.get("task_id") for p in evidence.pods}) or 1
+        tasks = len(_tasks(evidence)) or 1
         heights.append(max(0.32 * tasks + 0.6, 0.105 * len(step_list(evidence, 0.0)) + 0.3, 1.6))
     fig, axes = plt.subplots(len(runs), 2, figsize=(12, sum(heights) + 1.6), squeeze=False,
                              gridspec_kw={"height_ratios": heights, "width_ratios": [3, 1]})
@@ -130,7 +166,9 @@ def figure(scenario: str, runs: dict[str, Any], settings: dict[str, str] | None 
                         Patch(color="tab:green", label="pod running, current launch"),
                         Patch(color="tab:red", label="pod running, superseded launch"),
                         Patch(facecolor="tab:red", hatch="////", edgecolor="black",
-                              label="superseded, ran the task code")],
-               loc="lower left", ncol=4, fontsize=7, frameon=False, bbox_to_anchor=(0.01, 0.0))
+                              label="ran the task code for a superseded launch"),
+                        Line2D([], [], marker="|", ls="", color="black", label="stuck-in-queued re-queue"),
+                        Line2D([], [], marker="x", ls="", color="tab:red", mew=2, label="task failed")],
+               loc="lower left", ncol=6, fontsize=7, frameon=False, bbox_to_anchor=(0.01, 0.0))
     fig.tight_layout(rect=(0, 0.04, 1, 0.97))
     return fig

@@ -409,6 +409,126 @@ def test_worker_wrapper_exits_0_on_stale_launch_stock_fails(stack, world, capsys
     assert _row(stack, done_row.id)[0] == "success"
 
 
+def _run_calls(stack: Stack, ti_id: str) -> int:
+    """PATCH /run requests for ``ti_id`` the api-server finished (its access log)."""
+    return sum(1 for line in stack.log.read_text(errors="replace").splitlines()
+               if f"/task-instances/{ti_id}/run" in line and "PATCH" in line)
+
+
+def _stopped_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if worker.STOPPED in line]
+
+
+def _until_line(proc: subprocess.Popen, marker: str, timeout: float = 150) -> list[str]:
+    """The process's output up to and including the first line holding ``marker``."""
+    seen, deadline = [], time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if marker in line or time.monotonic() > deadline:
+            break
+    assert seen and marker in seen[-1], "".join(seen)[-3000:]
+    return seen
+
+
+def _finish(proc: subprocess.Popen, seen: list[str], timeout: float = 120) -> tuple[int, str]:
+    try:
+        rest = proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the worker did not exit after SIGTERM")
+    return proc.returncode, "".join(seen) + rest
+
+
+@pytest.mark.tasks("t1", "t2")
+def test_worker_told_to_stop_before_run_exits_0_without_calling_run(stack, world):
+    """A revoked (or drained) pod gets SIGTERM while its worker starts. Before: the signal killed
+    it (exit 143, pod Failed) or, on Airflow 3.4 when it came during the Task SDK's start, /run was
+    sent anyway. Now it exits 0 with one line and never sends /run; the task stays queued."""
+    _, rows = _queued(world)
+    runs = {}
+    for task, args in (("t1", worker.command_args), ("t2", _stock_args)):
+        row = rows[task]
+        proc = _spawn(stack, args(_workload(row, _claim(row.id, row.token))))
+        # Logged once the entrypoint's imports are done; the supervisor module, its client and the
+        # task process it forks all come before /run.
+        seen = _until_line(proc, "Executing workload")
+        os.killpg(proc.pid, signal.SIGTERM)
+        runs[task] = (row, *_finish(proc, seen))
+
+    row, code, text = runs["t1"]
+    assert code == 0, text[-3000:]
+    [line] = _stopped_lines(text)
+    assert "stopped_before_run" in line and "SIGTERM" in line
+    assert row.token not in text
+    assert _run_calls(stack, row.id) == 0
+    assert _row(stack, row.id) == ("queued", "", row.token)
+
+    row, code, text = runs["t2"]  # the stock entrypoint: the signal's default action
+    assert code == -signal.SIGTERM, text[-3000:]
+    assert not _stopped_lines(text)
+
+
+@pytest.mark.tasks("t1", "t2")
+def test_worker_whose_run_is_refused_after_sigterm_exits_0(stack, world):
+    """Issue 47: on Airflow 3.4 a pod deleted by the stuck-in-queued revoke while its /run was in
+    flight kept going (the Task SDK's warm shutdown), core answered 409 ``invalid_state`` (the task
+    was back in SCHEDULED) and the worker exited 1. The /run here waits on the task's row lock (a
+    locking read by the test, standing for any slow start) while the pod gets SIGTERM.
+
+    Now that refusal ends in the stop line and exit 0. Before 3.4 a signal during /run kills the
+    worker, stock and fenced alike (the default action: nothing here changes it)."""
+    import sqlalchemy as sa
+
+    from fenced_k8s_executor import provider_compat
+
+    sched, rows = _queued(world)
+    workloads = {t: _workload(rows[t], _claim(rows[t].id, rows[t].token)) for t in ("t1", "t2")}
+    sched.stuck_in_queued()  # core revokes both launches: SCHEDULED, same id, try and token
+    assert all(_row(stack, rows[t].id)[0] == "scheduled" for t in rows)
+    warm = provider_compat.task_columns().live is not None  # Airflow 3.4: the SDK's warm shutdown
+    env = {**stack.env, "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "120"}  # no client retry meanwhile
+    engine = sa.create_engine(stack.url, poolclass=sa.pool.NullPool)
+    results = {}
+    try:
+        for task, args in (("t1", worker.command_args), ("t2", _stock_args)):
+            row = rows[task]
+            with engine.connect() as lock:
+                lock.exec_driver_sql("SELECT id FROM task_instance WHERE id = %s FOR UPDATE", (row.id,))
+                proc = subprocess.Popen([sys.executable, *args(workloads[task])[1:]], env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                deadline = time.monotonic() + 150
+                while not _waits_on_a_row_lock(engine):  # the route's locked read of the row
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        pytest.fail(f"{task}: /run never waited on the row:\n{proc.communicate()[0][-3000:]}")
+                    time.sleep(0.2)
+                os.killpg(proc.pid, signal.SIGTERM)
+                seen = _until_line(proc, "warm shutdown") if warm else []
+                lock.rollback()  # the route goes on: the task is SCHEDULED, /run is refused
+            results[task] = _finish(proc, seen)
+    finally:
+        engine.dispose()
+
+    code, text = results["t1"]
+    if warm:
+        assert code == 0, text[-3000:]
+        [line] = _stopped_lines(text)
+        assert "stopped_during_run" in line and "409" in line and "SIGTERM" in line
+        code, text = results["t2"]
+        assert code == 1 and "invalid_state" in text, text[-3000:]
+    else:
+        assert code == -signal.SIGTERM and not _stopped_lines(text), text[-3000:]
+        assert results["t2"][0] == -signal.SIGTERM, results["t2"][1][-3000:]
+    assert all(_row(stack, rows[t].id)[0] == "scheduled" for t in rows)
+
+
+def _waits_on_a_row_lock(engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.exec_driver_sql(
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE %s"
+            " AND pid <> pg_backend_pid()", ("%task_instance%",)).first())
+
+
 # --- (f) run_gate off: the middleware is not installed ------------------------------------------
 
 

@@ -3,6 +3,8 @@ burned retries and false-positive deletions."""
 
 from __future__ import annotations
 
+import pytest
+
 from fenced_k8s_lab.measure import Evidence, launches, measure, stale_exit_reason
 
 A, B = "00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000b"
@@ -188,3 +190,118 @@ def test_a_running_try_the_user_cleared_is_not_a_burned_retry():
                   cleared=[{"ts": 3, "task_id": "t"}])
     m = measure(ev)
     assert m["retries_burned"] == 0 and m["tries_burned_by_ha"] == 0
+
+
+def test_a_pod_that_started_in_time_and_ran_for_a_later_launch_is_a_stale_task_run():
+    """Issue 47 (a): a stuck-in-queued re-queue keeps the TI id and try, so a pod of the revoked
+    launch that had already started gets through /run and runs the task for the new launch. Its
+    container started before the re-queue: by container start alone it was counted as current."""
+    ev = evidence(
+        ti_log=[log(1, A, "INSERT", "queued"), log(16, A, state="scheduled"), log(17, A, state="queued"),
+                log(21, A, state="running"), log(23, A, state="success")],
+        pods=[pod("slow", A, 2, started=9, finished=24, exit_code=0, ran=True, iat=1) | {"ran_at": 21.5},
+              pod("new", A, 18, iat=17)],
+        tis=[{"id": A, "state": "success"}],
+    )
+    m = measure(ev)
+    assert m["pods_started_for_superseded_launch"] == 0
+    assert m["stale_task_runs"] == 1
+    current = evidence(ti_log=ev.ti_log[:1], pods=[pod("p", A, 2, started=9, ran=True, iat=1) | {"ran_at": 12}])
+    assert measure(current)["stale_task_runs"] == 0
+    # evidence without the task's start time: judged by container start, as before
+    assert measure(evidence(ti_log=ev.ti_log, pods=[pod("slow", A, 2, started=9, ran=True, iat=1)]))[
+        "stale_task_runs"] == 0
+
+
+def test_the_run_gates_409_is_a_launch_turned_away_never_an_unhandled_409():
+    """Issue 47: the fence's own 409 was listed as a failure when its worker left no stale line."""
+    calls = [{"ts": 5, "ti_id": A, "status": 409}, {"ts": 6, "ti_id": B, "status": 409},
+             {"ts": 7, "ti_id": B, "status": 200}]
+    m = measure(evidence(run_calls=calls, gate_rejections=[{"ts": 5, "ti_id": A}]))
+    assert m["run_409"] == 1 and m["run_gate_rejected"] == 1 and m["run_rejected_stale"] == 1
+    assert m["run_403"] == 0
+    assert measure(evidence(run_calls=[{"ts": 5, "ti_id": A, "status": 403}]))["run_403"] == 1
+    assert measure(evidence(run_calls=calls))["run_gate_rejected"] is None
+
+
+def test_a_run_refused_after_the_pod_was_told_to_stop_is_not_a_failure():
+    stopped = {"reason": "stopped_during_run", "status": "409", "signal": "SIGTERM"}
+    ev = evidence(
+        ti_log=[log(1, A, "INSERT", "queued"), log(16, A, state="scheduled")],
+        pods=[pod("p", A, 2, started=5, finished=19, exit_code=0, iat=1)
+              | {"told_to_stop": 16.2, "stopped_at_start": stopped}],
+        run_calls=[{"ts": 18, "ti_id": A, "status": 409}], gate_rejections=[],
+    )
+    m = measure(ev)
+    assert m["run_409"] == 0 and m["stopped_at_start"] == 1
+    assert m["pods_stopped_while_starting"] == 1 and m["run_after_stop"] == 1
+
+
+def test_stops_and_late_runs_need_run_times():
+    early = pod("early", A, 2, started=3, finished=9, exit_code=0, ran=True, iat=1) | {"told_to_stop": 8}
+    quiet = pod("quiet", B, 2, started=3, finished=7, exit_code=143, iat=1) | {"told_to_stop": 6}
+    ev = evidence(pods=[early, quiet], run_calls=[{"ts": 4, "ti_id": A, "status": 200}])
+    assert (measure(ev)["pods_stopped_while_starting"], measure(ev)["run_after_stop"]) == (1, 0)
+    # a /run sent before the stop and answered after it (a slow api-server) was not sent after it
+    slow = evidence(pods=[early], run_calls=[{"ts": 8.5, "sent": 7.5, "ti_id": A, "status": 200}])
+    assert (measure(slow)["pods_stopped_while_starting"], measure(slow)["run_after_stop"]) == (0, 0)
+    old = evidence(pods=[early, quiet], run_calls=[{"ti_id": A, "status": 200}])
+    assert measure(old)["pods_stopped_while_starting"] is None and measure(old)["run_after_stop"] is None
+
+
+def test_requeues_and_tasks_failed_at_the_stuck_in_queued_limit():
+    lines = [{"ts": 1, "ti_id": A, "outcome": "requeued"}, {"ts": 2, "ti_id": A, "outcome": "requeued"},
+             {"ts": 3, "ti_id": A, "outcome": "failed"}, {"ts": 3, "ti_id": B, "outcome": "requeued"}]
+    m = measure(evidence(stuck_in_queued=lines))
+    assert m["requeues"] == 3 and m["tasks_failed_in_queue"] == 1
+    assert measure(evidence())["requeues"] is None
+
+
+def test_the_stop_line_is_the_workers_own():
+    from fenced_k8s_executor import worker
+    from fenced_k8s_lab.measure import STOPPED_MARK, stopped_at_start
+
+    assert STOPPED_MARK == worker.STOPPED
+    line = ('{"timestamp":"2026-12-05T08:52:04.6Z","level":"warning","event":"%s","reason":"stopped_during_run",'
+            '"signal":"SIGTERM","status":"409"}' % worker.STOPPED)
+    assert stopped_at_start("noise\n" + line) == {"reason": "stopped_during_run", "status": "409", "signal": "SIGTERM"}
+    assert stopped_at_start("Traceback") is None
+
+
+def test_the_logs_give_run_times_gate_answers_and_stuck_in_queued(tmp_path):
+    from fenced_k8s_lab.evidence import gate_rejections, log_time, run_calls, stuck_in_queued
+
+    api = tmp_path / "api-server.log"
+    api.write_text(
+        f"2026-12-05T08:52:04.642918Z [info     ] request finished [http.access] method=PATCH "
+        f"path=/execution/task-instances/{A}/run query= status_code=409\n"
+        f"2026-12-05T08:52:04.5Z [info     ] fenced_k8s_executor decision=run_gate.rejected path=run_gate "
+        f"reason=stale_executor_launch enforced=True ti_id={A} launch=aaaa current_launch=bbbb\n")
+    sched = tmp_path / "scheduler-0.log"
+    sched.write_text(
+        "2026-12-05T08:47:47.949232Z [info     ] Task stuck in queued; will try to requeue. task_instance="
+        f"<TaskInstance: lab.t00 manual__x [queued] ti_id={A}> [airflow.jobs.scheduler_job_runner]\n"
+        "2026-12-05T08:49:47Z [info     ] Task requeue attempts exceeded max; marking failed. task_instance="
+        f"<TaskInstance: lab.t00 manual__x [queued] ti_id={A}> [airflow.jobs.scheduler_job_runner]\n")
+    at = log_time("2026-12-05T08:52:04.642918Z [info")
+    assert run_calls(api) == [{"ts": at, "ti_id": A, "status": 409, "sent": at}]
+    api.write_text(api.read_text().replace("method=PATCH", "duration_us=3103228 method=PATCH"))
+    assert run_calls(api)[0]["sent"] == pytest.approx(at - 3.103228)
+    assert gate_rejections(api) == [{"ts": log_time("2026-12-05T08:52:04.5Z x"), "ti_id": A}]
+    assert [(e["ti_id"], e["outcome"]) for e in stuck_in_queued([sched])] == [(A, "requeued"), (A, "failed")]
+    assert log_time('{"timestamp":"2026-12-05T08:52:04.642918Z","event":"x"}') == at
+
+
+def test_the_failed_event_core_sends_at_the_stuck_in_queued_limit_is_not_a_pods_event():
+    """Core fails the task and sends its failed event itself (``executor.fail``): counted as
+    "applied more than once" when no pod of that try had finished (the fence deleted them Pending)."""
+    ev = evidence(
+        ti_log=[log(1, A, "INSERT", "queued") | {"task_id": "t", "try_number": 1}, log(16, A, state="scheduled"),
+                log(30, A, state="failed") | {"task_id": "t", "try_number": 1}],
+        pods=[pod("p", A, 2, finished=16, iat=1)],
+        executor_events=[{"log": "scheduler-0.log", "state": "failed", "task_id": "t", "try_number": 1}],
+        stuck_in_queued=[{"ts": 30, "ti_id": A, "outcome": "failed"}],
+        tis=[{"id": A, "task_id": "t", "try_number": 1, "state": "failed"}],
+    )
+    assert measure(ev)["events_applied_extra"] == 0
+    assert measure(evidence(**{**ev.__dict__, "stuck_in_queued": []}))["events_applied_extra"] == 1

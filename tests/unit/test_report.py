@@ -26,13 +26,20 @@ def test_failures_say_every_failure_and_only_failures():
     assert report.failures({**FENCED, "executor_slots_leaked": 8}) == "8 executor slots leaked."
 
 
+def test_a_stale_run_and_the_stuck_in_queued_limit_are_said_on_their_own_or_as_a_clause():
+    alone = {**FENCED, "stale_task_runs": 2, "tasks_failed": 4, "tasks_failed_in_queue": 4}
+    assert report.failures(alone) == ("2 pods ran the task code for superseded launches; 4 tasks ended failed, "
+                                      "4 of them at the stuck-in-queued limit.")
+    assert report.failures({**FENCED, "run_rejected_stale": 7, "run_gate_rejected": 7, "requeues": 30}) is None
+
+
 def test_summary_has_a_row_per_executor_and_names_non_default_settings():
     text = report.summary({"pending_storm": {"stock": STOCK, "fenced": FENCED},
                            "late_start": {"stock": STOCK, "fenced": FENCED}})
     lines = text.splitlines()
     assert len(lines) == 2 + 4 and "→" not in text
-    assert lines[2].startswith("| pending_storm | stock | 10 | 1 | 0 / 1 / - | 2 | 8 | 0 | 0 |")
-    assert lines[3].startswith("|  | fenced | 0 | 0 | 0 / 0 / - | 0 | 0 | 0 | 0 |")
+    assert lines[2].startswith("| pending_storm | stock | 10 | 1 | 0 / 1 / - | - | 2 | - | 8 | 0 | 0 |")
+    assert lines[3].startswith("|  | fenced | 0 | 0 | 0 / 0 / - | - | 0 | - | 0 | 0 | 0 |")
     assert "| fenced [sweep_interval=0] |" in lines[5]
 
 
