@@ -25,6 +25,10 @@ LIST_WATCH = ("list", "watch")
 LIMITS = {"loop": 1.05, "throughput": 0.95, "memory": 1.10, "startup_seconds": 5.0}
 
 
+def _median(values: list[float]) -> float | None:
+    return median(values) if values else None
+
+
 def _num(v) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
@@ -98,7 +102,7 @@ def summarise(result: dict) -> dict:
         if not all(runs.values()):
             sizes[str(n)] = {"error": "a kind has no complete run at this size"}
             continue
-        medians = {kind: {k: median([m[k] for m in runs[kind] if m.get(k) is not None])
+        medians = {kind: {k: _median([m[k] for m in runs[kind] if m.get(k) is not None])
                           for k in runs[kind][0]} for kind in KINDS}
         spreads, aa = {}, {}
         for key in ("fanout_p50", "fanout_p99", "steady_p50", "steady_p99", "throughput", "pss", "rss", "startup"):
