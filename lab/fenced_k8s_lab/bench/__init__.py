@@ -71,6 +71,13 @@ def machine() -> dict:
             "machine": platform.machine(), "processor": platform.processor() or None, "versions": versions}
 
 
+def lab_machine(lab) -> dict:
+    """``machine()`` with the lab's PostgreSQL version and driver, and the load average now."""
+    with lab.engine.connect() as conn:
+        server = conn.exec_driver_sql("SHOW server_version").scalar()
+    return {**machine(), "postgresql": server, "driver": lab.driver, "load_before": os.getloadavg()}
+
+
 def _rows(columns: dict, fields: tuple[str, ...]) -> dict:
     """``{point: {field: columns[field][point]}}``: a scenario's per-field columns as one row per point."""
     return {k: {f: columns[f][k] for f in fields} for k in columns["seconds"]}
@@ -98,14 +105,10 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
     progress(f"=== backend: {backend} ===")
     lab = Lab.start(workdir, backend=backend, stock_pagination=args.stock_pagination, driver=args.driver)
     lab.profile_dir = Path(args.profile) / backend if args.profile else None
-    result: dict = {"backend": backend, "quick": bool(args.quick), "smoke": bool(args.smoke), "config": cfg,
-                    "machine": machine()}
+    result: dict = {"backend": backend, "quick": bool(args.quick), "smoke": bool(args.smoke), "config": cfg}
     spreads: dict = {}
     try:
-        with lab.engine.connect() as conn:
-            result["machine"]["postgresql"] = conn.exec_driver_sql("SHOW server_version").scalar()
-        result["machine"]["driver"] = lab.driver
-        result["machine"]["load_before"] = os.getloadavg()
+        result["machine"] = lab_machine(lab)
         from airflow.configuration import conf
 
         result["machine"]["airflow_logging_level"] = conf.get("logging", "logging_level")
@@ -420,9 +423,7 @@ def run_scale(args: argparse.Namespace) -> dict:
     lab = Lab.start(Path(args.workdir) / "scale" if args.workdir else None, driver=args.driver)
     lab.profile_dir = Path(args.profile) / "scale" if args.profile else None
     try:
-        result = {"machine": {**machine(), "load_before": os.getloadavg(), "driver": lab.driver}}
-        with lab.engine.connect() as conn:
-            result["machine"]["postgresql"] = conn.exec_driver_sql("SHOW server_version").scalar()
+        result = {"machine": lab_machine(lab)}
         result.update(scale.run(lab, cfg, lambda partial: _checkpoint(args, "scale", {**result, **partial}, {}, {})))
         result["machine"]["load_after"] = os.getloadavg()
         result["summary"] = scale_report.summarise(result)

@@ -4,7 +4,6 @@ pg_stat_statements. Nothing here runs inside a scheduler, so stock and fenced ar
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import threading
@@ -61,9 +60,10 @@ class TimerListener(GaugeListener):
         return None
 
 
-def _status_kb(pid: int, field: str) -> int:
+def _proc_kb(pid: int, file: str, field: str) -> int:
+    """A ``Field:   N kB`` line of ``/proc/<pid>/<file>`` (status, smaps_rollup); 0 when unreadable."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
             if line.startswith(f"{field}:"):
                 return int(line.split()[1])
     except (OSError, ValueError):
@@ -71,29 +71,26 @@ def _status_kb(pid: int, field: str) -> int:
     return 0
 
 
-def group_pss_kb(pgid: int) -> dict[int, int]:
-    """PSS in kB of every process of a process group, by pid (Linux /proc)."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry.name)) != pgid:
+def tree_pss_kb(pid: int) -> dict[int, int]:
+    """PSS in kB of a process and its descendants, by pid (Linux /proc: each thread's children)."""
+    out: dict[int, int] = {}
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        out[current] = _proc_kb(current, "smaps_rollup", "Pss")
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo += [int(child) for child in task.read_text().split()]
+            except (OSError, ValueError):
                 continue
-            for line in (entry / "smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    out[int(entry.name)] = int(line.split()[1])
-        except (OSError, ValueError):
-            continue
-    return out
+    return {p: kb for p, kb in out.items() if kb}
 
 
 class MemorySampler:
-    """Every ``every`` seconds: each watched process group's PSS (the scheduler with its executor's
-    Manager and watcher processes), and its main process's peak RSS (the kernel's VmHWM); the
-    peaks per name, and at the group's peak each process's share (``peak_parts_mb``: the group
-    leader first, then its children by pid). ``watch(name, pid)`` again after a restart: the
-    peak is the name's."""
+    """Every ``every`` seconds: each watched process's PSS with its descendants' (the scheduler with
+    its executor's Manager and watcher processes), and its own peak RSS (the kernel's VmHWM); the
+    peaks per name, and at the peak each process's share (``peak_parts_mb``: the scheduler first,
+    then the others by pid). ``watch(name, pid)`` again after a restart: the peak is the name's."""
 
     def __init__(self, every: float = 2.0) -> None:
         self.every = every
@@ -114,12 +111,13 @@ class MemorySampler:
 
     def sample(self) -> None:
         for name, pid in list(self.pids.items()):
-            parts = group_pss_kb(pid)
+            parts = tree_pss_kb(pid)
             pss = round(sum(parts.values()) / 1024, 1)
-            rss = _status_kb(pid, "VmHWM") / 1024
+            rss = _proc_kb(pid, "status", "VmHWM") / 1024
             if pss and pss > self.peak_pss_mb.get(name, 0.0):
                 self.peak_pss_mb[name] = pss
-                self.peak_parts_mb[name] = [round(parts[p] / 1024, 1) for p in sorted(parts, key=lambda p: (p != pid, p))]
+                order = sorted(parts, key=lambda p: (p != pid, p))
+                self.peak_parts_mb[name] = [round(parts[p] / 1024, 1) for p in order]
             if rss:
                 self.peak_rss_mb[name] = max(round(rss, 1), self.peak_rss_mb.get(name, 0.0))
 

@@ -129,6 +129,8 @@ class Deployment:
         self.memory = MemorySampler()
         self.stack: ScaleStack | None = None
         self.kubelet: Proc | None = None
+        self.engine: Any = None  # the bench's own reads of this deployment's DB (progress, jobs)
+        self._quiet_until = 0.0  # progress lines at most every 10 s
 
     # ---- set-up
 
@@ -139,17 +141,21 @@ class Deployment:
         dags = self.dir / "dags"
         dags.mkdir(exist_ok=True)
         (dags / f"{DAG_ID}.py").write_text(DAG.format(dag_id=DAG_ID, n=self.n))
+        import sqlalchemy as sa
+
         self.db_url = new_airflow_db(self.lab.pg)
         self.database = self.db_url.rsplit("/", 1)[1]
+        self.engine = sa.create_engine(self.db_url, poolclass=sa.pool.NullPool)
         self.statements = StatementCounter(self.lab.pg, self.database)
-        profile = self.lab.profile_dir / f"scale_{self.n}_{self.kind}_{self.tag}.prof" if self.lab.profile_dir else None
-        if profile is not None:
-            profile.parent.mkdir(parents=True, exist_ok=True)
+        profile = None
+        if self.lab.profile_dir is not None:
+            self.lab.profile_dir.mkdir(parents=True, exist_ok=True)
+            profile = self.lab.profile_dir / f"scale_{self.n}_{self.kind}_{self.tag}.prof"
         self.lab.ensure_namespace(self.namespace)
         env = {**settings(self.n, self.cfg["batch"]), **self.timers.env(prefix=f"{self.tag}_unnamed")}
-        self.stack = ScaleStack(self.dir, self.db_url, self.lab.emu_url, dags, executor=STOCK if self.kind == "stock" else FENCED,
-                                schedulers=len(SCHEDULERS), namespace=self.namespace, env=env, emulator=self.lab.emu,
-                                tag=self.tag, profile=profile)
+        self.stack = ScaleStack(self.dir, self.db_url, self.lab.emu_url, dags,
+                                executor=STOCK if self.kind == "stock" else FENCED, schedulers=len(SCHEDULERS),
+                                namespace=self.namespace, env=env, emulator=self.lab.emu, tag=self.tag, profile=profile)
         kubeconfig = self.lab.kubeconfig("kubelet", self.namespace)
         self.kubelet = Proc([sys.executable, "-m", "fenced_k8s_lab.kubelet", "--kubeconfig", kubeconfig,
                              "--namespace", self.namespace, "--node-name", f"node-{self.tag}", "--hold", "running",
@@ -186,18 +192,17 @@ class Deployment:
         self.mark("end")
         return self.figures()
 
-    def _progress(self) -> tuple[int, dict[str, int]]:
+    def _sql(self, text: str, **params: Any) -> list:
+        """Rows of one read-only statement on this deployment's DB (the bench's own connection)."""
         import sqlalchemy as sa
 
-        engine = sa.create_engine(self.db_url, poolclass=sa.pool.NullPool)
-        try:
-            with engine.connect() as conn:
-                states = dict(conn.execute(sa.text("SELECT coalesce(state, 'none'), count(*) FROM task_instance"
-                                                   " WHERE dag_id = :d GROUP BY 1"), {"d": DAG_ID}).all())
-                started = conn.execute(sa.text("SELECT EXTRACT(EPOCH FROM min(start_date)) FROM dag_run"
-                                               " WHERE dag_id = :d"), {"d": DAG_ID}).scalar()
-        finally:
-            engine.dispose()
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text(text), params).all()
+
+    def _progress(self) -> tuple[int, dict[str, int]]:
+        states = dict(self._sql("SELECT coalesce(state, 'none'), count(*) FROM task_instance WHERE dag_id = :d"
+                                " GROUP BY 1", d=DAG_ID))
+        (started,), = self._sql("SELECT EXTRACT(EPOCH FROM min(start_date)) FROM dag_run WHERE dag_id = :d", d=DAG_ID)
         if started is not None:
             self.events.setdefault("run_started", float(started))
         return self.lab.pods_in(self.namespace), states
@@ -211,9 +216,9 @@ class Deployment:
                 if name not in self.events and test(pods, states):
                     self.events[name] = time.time()
             summary = (pods, tuple(sorted(states.items())))
-            if summary != last and time.monotonic() > getattr(self, "_said", 0):
+            if summary != last and time.monotonic() > self._quiet_until:
                 progress(f"  [{self.tag} {self.kind} {self.n}] {what}: {pods} pods, {dict(states)}")
-                self._said = time.monotonic() + 10
+                self._quiet_until = time.monotonic() + 10
             last = summary
             if all(name in self.events for name in done):
                 return True
@@ -225,7 +230,7 @@ class Deployment:
         n = self.n
         self._wait("fan-out", {"all_pods": lambda pods, states: pods >= n,
                                "all_running": lambda pods, states: states.get("running", 0) >= n},
-                   timeout=max(300.0, n * 0.3))
+                   timeout=max(600.0, n * 0.5))
 
     def _restart(self, proc) -> None:
         """SIGTERM (``restart_grace``, then SIGKILL), then a new process for the same role."""
@@ -255,30 +260,16 @@ class Deployment:
 
     def _tasks_of(self, role: str) -> int:
         """Tasks in flight that ``role``'s running scheduler job queued: what its successor adopts."""
-        import sqlalchemy as sa
-
-        jobs = [j["id"] for j in self.stack.scheduler_jobs() if j["hostname"] == role and j["state"] == "running"]
-        engine = sa.create_engine(self.db_url, poolclass=sa.pool.NullPool)
-        try:
-            with engine.connect() as conn:
-                return int(conn.execute(sa.text("SELECT count(*) FROM task_instance WHERE queued_by_job_id = ANY(:j)"
-                                                " AND state IN ('queued', 'running')"), {"j": jobs}).scalar())
-        finally:
-            engine.dispose()
+        (count,), = self._sql("SELECT count(*) FROM task_instance t JOIN job j ON j.id = t.queued_by_job_id"
+                              " WHERE j.hostname = :h AND j.state = 'running' AND t.state IN ('queued', 'running')",
+                              h=role)
+        return int(count)
 
     def _job_start(self, role: str) -> float | None:
-        jobs = [j for j in self.stack.scheduler_jobs() if j["hostname"] == role]
-        if not jobs:
-            return None
-        import sqlalchemy as sa
-
-        engine = sa.create_engine(self.db_url, poolclass=sa.pool.NullPool)
-        try:
-            with engine.connect() as conn:
-                return float(conn.execute(sa.text("SELECT EXTRACT(EPOCH FROM start_date) FROM job WHERE id = :i"),
-                                          {"i": jobs[-1]["id"]}).scalar())
-        finally:
-            engine.dispose()
+        """When ``role``'s latest scheduler job started."""
+        rows = self._sql("SELECT EXTRACT(EPOCH FROM start_date) FROM job WHERE hostname = :h"
+                         " AND job_type = 'SchedulerJob' ORDER BY id DESC LIMIT 1", h=role)
+        return float(rows[0][0]) if rows else None
 
     def _finish(self) -> None:
         self.events["released"] = time.time()
@@ -286,18 +277,21 @@ class Deployment:
         n = self.n
         self._wait("finish", {"all_success": lambda pods, states: states.get("success", 0) >= n,
                               "all_deleted": lambda pods, states: pods == 0 and states.get("success", 0) >= n},
-                   timeout=max(300.0, n * 0.3))
+                   timeout=max(600.0, n * 0.5))
         time.sleep(3)  # the last deletes' answers
 
     # ---- figures
 
+    @staticmethod
+    def _after(phase: str) -> str:
+        """The mark that ends ``phase``."""
+        return PHASES[PHASES.index(phase) + 1] if phase != PHASES[-1] else "end"
+
     def _window(self, phase: str) -> tuple[float, float]:
-        after = PHASES[PHASES.index(phase) + 1] if phase != PHASES[-1] else "end"
-        return self.marks[phase]["t"], self.marks[after]["t"]
+        return self.marks[phase]["t"], self.marks[self._after(phase)]["t"]
 
     def _api(self, phase: str) -> dict:
-        after = PHASES[PHASES.index(phase) + 1] if phase != PHASES[-1] else "end"
-        start, end = self.marks[phase]["audit"], self.marks[after]["audit"]
+        start, end = self.marks[phase]["audit"], self.marks[self._after(phase)]["audit"]
         counts: dict[str, dict[str, int]] = {}
         for entry in self.lab.api_calls(start):
             if entry["index"] >= end or entry.get("who") not in SCHEDULERS:
@@ -317,9 +311,8 @@ class Deployment:
             loops = {r: self.timers.series(self.stack.prefix(r), LOOP, start, end) for r in SCHEDULERS}
             beats = {r: self.timers.series(self.stack.prefix(r), HEARTBEAT, start, end) for r in SCHEDULERS}
             pooled = [v for r in SCHEDULERS for v in loops[r]]
-            after = PHASES[PHASES.index(phase) + 1] if phase != PHASES[-1] else "end"
-            db = {r: StatementCounter.diff(self.marks[phase]["statements"], self.marks[after]["statements"],
-                                           _user(r), top=12 if phase == "steady" else 0) for r in ROLES}
+            before, after = self.marks[phase]["statements"], self.marks[self._after(phase)]["statements"]
+            db = {r: StatementCounter.diff(before, after, _user(r), top=12 if phase == "steady" else 0) for r in ROLES}
             out["phases"][phase] = {
                 "seconds": end - start,
                 "loops": {r: len(loops[r]) for r in SCHEDULERS},
@@ -336,7 +329,8 @@ class Deployment:
         ev = self.events
         began = ev.get("run_started", ev["triggered"])
         out["fanout"] = {k: (ev[k] - began if k in ev else None) for k in ("all_pods", "all_running")}
-        out["fanout"]["from_trigger"] = {k: (ev[k] - ev["triggered"] if k in ev else None) for k in ("all_pods", "all_running")}
+        out["fanout"]["from_trigger"] = {k: (ev[k] - ev["triggered"] if k in ev else None)
+                                         for k in ("all_pods", "all_running")}
         out["tasks_per_second"] = self.n / out["fanout"]["all_running"] if out["fanout"]["all_running"] else None
         out["finish"] = {k: (ev[k] - ev["released"] if k in ev else None) for k in ("all_success", "all_deleted")}
         out["startup"] = {
@@ -365,7 +359,8 @@ class Deployment:
             self.lab._bench_control("POST", "clear", {"namespace": self.namespace})
         except Exception as error:  # noqa: BLE001 - the next run has its own namespace
             progress(f"  [{self.tag}] could not clear {self.namespace}: {error}")
-        if self.stack is not None:
+        if self.engine is not None:
+            self.engine.dispose()
             self.lab.pg.drop_database(self.database)
         if self.stack is not None and self.stack.profile is not None and self.stack.profile.exists():
             _profile_text(self.stack.profile)

@@ -151,7 +151,8 @@ def targets(sizes: dict) -> list[dict]:
         # patches: the restarted scheduler adopting its predecessor's pods, one each; how many pods
         # that was depends on which scheduler queued which task: per pod handed over, not per task
         keys = {v: f"api_{v}" for v in VERBS if v not in LIST_WATCH} | {"patch": "patch_per_handed_over"}
-        measured = {v: {k: None if s[k][key] is None else round(s[k][key], 3) for k in KINDS} for v, key in keys.items()}
+        measured = {v: {k: None if s[k][key] is None else round(s[k][key], 3) for k in KINDS}
+                    for v, key in keys.items()}
         out.append({"target": f"{int(n):,} tasks: no more API calls per task than stock (create, get, delete; patch"
                               " per pod handed over at the restart)", "measured": measured,
                     "met": all(m["fenced"] <= m["stock"] for m in measured.values() if None not in m.values())})
@@ -218,7 +219,7 @@ def _line_table(version: str, r: dict) -> list[str]:
              f" {_load(m.get('load_after'))} after, {r.get('seconds', 0) / 60:.0f} min", "",
              "| tasks | kind | loop p50 / p99, fan-out (ms) | loop p50 / p99, steady (ms) | executor share steady |"
              " all pods / all running (s) | tasks/s | API calls per task: create, get, list, watch, patch, delete"
-             " (404) | statements per loop, steady | peak PSS (MB) | start-up (s) |",
+             " (404) | statements per loop, steady | peak PSS (main RSS), MB | start-up (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, s in sm["sizes"].items():
         if "error" in s:
@@ -231,11 +232,12 @@ def _line_table(version: str, r: dict) -> list[str]:
                 f"| {int(n):,} | {kind} ({s['runs'][kind]}) | {_ms(k['fanout_p50'])} / {_ms(k['fanout_p99'])} |"
                 f" {_ms(k['steady_p50'])} / {_ms(k['steady_p99'])} | {_pct(k['steady_share'])} |"
                 f" {_f(k['all_pods'])} / {_f(k['all_running'])} | {_f(k['throughput'])} | {api} |"
-                f" {_f(k['steady_statements'])} | {_f(k['pss'], 0)} | {_f(k['startup'])}: executor"
+                f" {_f(k['steady_statements'])} | {_f(k['pss'], 0)} ({_f(k['rss'], 0)}) | {_f(k['startup'])}: executor"
                 f" {_f(k['startup_executors_start'])}, adoption {_f(k['startup_adoption'])}, loop"
                 f" {_f(k['startup_first_loop'])} |")
         ratio = {k: f"{_sp(s['ratio'].get(k))} (A/A {_sp(s['aa'].get(k))})" for k in s["ratio"]}
-        lines.append(f"| {int(n):,} | fenced/stock (A/A) | {ratio.get('fanout_p50', '-')} / {ratio.get('fanout_p99', '-')} |"
+        lines.append(f"| {int(n):,} | fenced/stock (A/A) | {ratio.get('fanout_p50', '-')} /"
+                     f" {ratio.get('fanout_p99', '-')} |"
                      f" {ratio.get('steady_p50', '-')} / {ratio.get('steady_p99', '-')} | | |"
                      f" {ratio.get('throughput', '-')} | | | {ratio.get('pss', '-')} | {ratio.get('startup', '-')} |")
     lines.append("")
@@ -287,7 +289,8 @@ def table(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> Path:
     """Loop duration (steady p50 and p99) and peak scheduler PSS against tasks in flight, stock and
-    fenced, every Airflow line, with the fitted lines; one figure, shared x-axis."""
+    fenced, every Airflow line (the first filled, the next hollow, each its own line style), with
+    the fitted lines; one figure, shared x-axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -305,9 +308,10 @@ def plot(result: dict, path: Path) -> Path:
                 xy = f[key]["xy"]
                 if not xy:
                     continue
-                label = f"{kind}, {key.replace('loop_', '')}, Airflow {version}" if axis is top else f"{kind}, Airflow {version}"
-                axis.scatter([x for x, _ in xy], [y * scale for _, y in xy], color=colours[kind], marker=marker, s=18,
-                             alpha=0.7, label=label)
+                label = f"{kind}, Airflow {version}" + (f", {key[5:]}" if axis is top else "")
+                axis.scatter([x for x, _ in xy], [y * scale for _, y in xy], marker=marker, s=22, alpha=0.8,
+                             label=label, edgecolors=colours[kind],
+                             facecolors=colours[kind] if i == 0 else "none")  # hollow: the second line
                 if f[key].get("slope") is not None:
                     xs = [0, max(x for x, _ in xy)]
                     axis.plot(xs, [(f[key]["intercept"] + f[key]["slope"] * x) * scale for x in xs],
