@@ -23,6 +23,8 @@ VERBS = ("create", "get", "list", "watch", "patch", "delete")
 #: provider's own; the targets allow these, per deployment, and nothing else.
 LIST_WATCH = ("list", "watch")
 LIMITS = {"loop": 1.05, "throughput": 0.95, "memory": 1.10, "startup_seconds": 5.0}
+#: The phases whose loops are judged: the fan-out, N tasks in flight, and their completion.
+BUSY = ("fanout", "steady", "finish")
 
 
 def _median(values: list[float]) -> float | None:
@@ -37,7 +39,7 @@ def _metrics(run: dict) -> dict:
     """One run's figures as flat numbers (None: not measured)."""
     ph = run["phases"]
     out = {}
-    for phase in ("idle", "fanout", "steady"):
+    for phase in ("idle", *BUSY):
         out[f"{phase}_p50"] = _num(ph[phase]["loop_p50"])
         out[f"{phase}_p99"] = _num(ph[phase]["loop_p99"])
         out[f"{phase}_share"] = _num(ph[phase]["executor_share"])
@@ -105,7 +107,8 @@ def summarise(result: dict) -> dict:
         medians = {kind: {k: _median([m[k] for m in runs[kind] if m.get(k) is not None])
                           for k in runs[kind][0]} for kind in KINDS}
         spreads, aa = {}, {}
-        for key in ("fanout_p50", "fanout_p99", "steady_p50", "steady_p99", "throughput", "pss", "rss", "startup"):
+        for key in (*(f"{p}_{q}" for p in BUSY for q in ("p50", "p99")), "throughput", "finish_deleted", "pss", "rss",
+                    "startup"):
             ratio, noise = _pairs(runs, key)
             if ratio:
                 spreads[key] = ratio_spread(ratio)
@@ -140,7 +143,7 @@ def targets(sizes: dict) -> list[dict]:
     out: list[dict] = []
     ok_sizes = {n: s for n, s in sizes.items() if "error" not in s}
     for n, s in ok_sizes.items():
-        for phase in ("fanout", "steady"):
+        for phase in BUSY:
             for q in ("p50", "p99"):
                 key = f"{phase}_{q}"
                 out.append(_judge(f"{int(n):,} tasks: loop duration {q} ({phase}) <= {LIMITS['loop']}x stock",
@@ -210,6 +213,7 @@ def _sp(sp: dict | None) -> str:
 
 
 def _line_table(version: str, r: dict) -> list[str]:
+    """Two tables (the loop; the rest), the fits and the targets of one Airflow line."""
     if "error" in r:
         return [f"Airflow {version}: not run ({r['error']})", ""]
     m = r["machine"]
@@ -217,29 +221,32 @@ def _line_table(version: str, r: dict) -> list[str]:
     lines = [f"**Airflow {version}**, cncf-kubernetes {m['versions'].get('apache-airflow-providers-cncf-kubernetes')},"
              f" commit {m.get('package_tree', {}).get('head')}, load average {_load(m.get('load_before'))} before,"
              f" {_load(m.get('load_after'))} after, {r.get('seconds', 0) / 60:.0f} min", "",
-             "| tasks | kind | loop p50 / p99, fan-out (ms) | loop p50 / p99, steady (ms) | executor share steady |"
-             " all pods / all running (s) | tasks/s | API calls per task: create, get, list, watch, patch, delete"
-             " (404) | statements per loop, steady | peak PSS (main RSS), MB | start-up (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| tasks | kind | loop p50 / p99 (ms): fan-out | steady | finish | executor share: fan-out, steady,"
+             " finish | statements per loop: fan-out, steady, finish |", "|---|---|---|---|---|---|---|"]
+    rest = ["| tasks | kind | all pods / all running (s) | tasks/s | finish: all deleted (s) | API calls per task:"
+            " create, get, list, watch, patch, delete (404) | peak PSS (main RSS), MB | start-up (s) |",
+            "|---|---|---|---|---|---|---|---|"]
     for n, s in sm["sizes"].items():
         if "error" in s:
-            lines.append(f"| {int(n):,} | - | {s['error']} |||||||||")
+            lines.append(f"| {int(n):,} | - | {s['error']} |||||")
             continue
         for kind in KINDS:
             k = s[kind]
+            loops = " | ".join(f"{_ms(k[f'{p}_p50'])} / {_ms(k[f'{p}_p99'])}" for p in BUSY)
+            shares = ", ".join(_pct(k[f"{p}_share"]) for p in BUSY)
+            statements = ", ".join(_f(k[f"{p}_statements"], 1) for p in BUSY)
+            lines.append(f"| {int(n):,} | {kind} ({s['runs'][kind]}) | {loops} | {shares} | {statements} |")
             api = ", ".join(f"{k[f'api_{v}']:.2f}" for v in VERBS) + f" ({k['api_delete_404']:.2f})"
-            lines.append(
-                f"| {int(n):,} | {kind} ({s['runs'][kind]}) | {_ms(k['fanout_p50'])} / {_ms(k['fanout_p99'])} |"
-                f" {_ms(k['steady_p50'])} / {_ms(k['steady_p99'])} | {_pct(k['steady_share'])} |"
-                f" {_f(k['all_pods'])} / {_f(k['all_running'])} | {_f(k['throughput'])} | {api} |"
-                f" {_f(k['steady_statements'])} | {_f(k['pss'], 0)} ({_f(k['rss'], 0)}) | {_f(k['startup'])}: executor"
-                f" {_f(k['startup_executors_start'])}, adoption {_f(k['startup_adoption'])}, loop"
-                f" {_f(k['startup_first_loop'])} |")
+            rest.append(f"| {int(n):,} | {kind} ({s['runs'][kind]}) | {_f(k['all_pods'])} / {_f(k['all_running'])} |"
+                        f" {_f(k['throughput'])} | {_f(k['finish_deleted'])} | {api} | {_f(k['pss'], 0)}"
+                        f" ({_f(k['rss'], 0)}) | {_f(k['startup'])}: executor {_f(k['startup_executors_start'])},"
+                        f" adoption {_f(k['startup_adoption'])}, loop {_f(k['startup_first_loop'])} |")
         ratio = {k: f"{_sp(s['ratio'].get(k))} (A/A {_sp(s['aa'].get(k))})" for k in s["ratio"]}
-        lines.append(f"| {int(n):,} | fenced/stock (A/A) | {ratio.get('fanout_p50', '-')} /"
-                     f" {ratio.get('fanout_p99', '-')} |"
-                     f" {ratio.get('steady_p50', '-')} / {ratio.get('steady_p99', '-')} | | |"
-                     f" {ratio.get('throughput', '-')} | | | {ratio.get('pss', '-')} | {ratio.get('startup', '-')} |")
+        loops = " | ".join(f"{ratio.get(f'{p}_p50', '-')} / {ratio.get(f'{p}_p99', '-')}" for p in BUSY)
+        lines.append(f"| {int(n):,} | fenced/stock (A/A) | {loops} | | |")
+        rest.append(f"| {int(n):,} | fenced/stock (A/A) | | {ratio.get('throughput', '-')} |"
+                    f" {ratio.get('finish_deleted', '-')} | | {ratio.get('pss', '-')} | {ratio.get('startup', '-')} |")
+    lines += [""] + rest
     lines.append("")
     for kind, f in sm["fits"].items():
         p50, p99, pss = f["loop_p50"], f["loop_p99"], f["pss"]
