@@ -42,6 +42,8 @@ from typing import Any, Callable, Union
 log = logging.getLogger(__name__)
 
 START_DELAY_ANNOTATION = "lab.fenced-k8s-executor.io/start-delay"
+#: ``ProcessKubelet(hold=...)``: no hold (pods run their command), or where every pod is held.
+HOLDS = (None, "pending", "running")
 DelaySpec = Union[float, Callable[[dict], float], "LongTailDelay", None]
 
 
@@ -140,17 +142,28 @@ def pod_env(pod: dict, base_env: dict[str, str], node_name: str) -> dict[str, st
     return env
 
 
-def workload_identity(pod: dict) -> tuple[str | None, int | None]:
-    """(TI id, JWT issued-at) of the pod's `--json-string` workload: which task instance the pod
-    runs and when its launch was handed to the executor (stock and fenced pods alike)."""
+def pod_workload(pod: dict) -> dict | None:
+    """The pod's `--json-string` workload (the ExecuteTask the scheduler handed the executor), or None."""
     for ctr in (pod.get("spec") or {}).get("containers") or []:
         args = [*(ctr.get("command") or []), *(ctr.get("args") or [])]
         if "--json-string" not in args:
             continue
         try:
             workload = json.loads(args[args.index("--json-string") + 1])
+        except (IndexError, TypeError, ValueError):
+            return None
+        return workload if isinstance(workload, dict) else None
+    return None
+
+
+def workload_identity(pod: dict) -> tuple[str | None, int | None]:
+    """(TI id, JWT issued-at) of the pod's `--json-string` workload: which task instance the pod
+    runs and when its launch was handed to the executor (stock and fenced pods alike)."""
+    workload = pod_workload(pod)
+    if workload is not None:
+        try:
             ti_id = workload["ti"]["id"]
-        except (IndexError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError):
             return None, None
         try:
             payload = workload["token"].split(".")[1]
@@ -173,6 +186,8 @@ class _PodRun:
         self.grace: float = float(pod.get("spec", {}).get("terminationGracePeriodSeconds", 30) or 0)
         self.proc: subprocess.Popen | None = None
         self.finished = False
+        self.held = threading.Lock()  # hold mode: one step of this pod at a time
+        self.task_token: str | None = None  # hold mode: the execution token /run handed back
         self.record: dict[str, Any] = {
             "name": self.name, "namespace": md.get("namespace"), "uid": self.uid,
             "labels": md.get("labels") or {}, "annotations": md.get("annotations") or {},
@@ -201,6 +216,15 @@ class ProcessKubelet:
     A bound pod deleted before its container started ends as a real kubelet ends it (checked
     against a real node by tests/conformance/test_lifecycle.py): phase Failed, its container
     terminated with ContainerStatusUnknown (137), then the final delete.
+
+    hold: run no process at all, for measurements with thousands of pods in flight on two cores.
+    "pending": every pod stays Pending and unbound. "running": every pod is bound and Running, and
+    its task starts as a worker's first call starts it (``PATCH /execution/task-instances/{id}/run``
+    with the workload's token, at the pod env's execution API URL), so Airflow counts it running;
+    then nothing, until ``release()`` (SIGUSR1 from the command line) finishes every held pod as
+    a worker that succeeded would: ``/state`` success, then the pod Succeeded. A held pod that is
+    deleted ends at once (exit 143, as SIGTERM ends a container). ``hold_workers`` threads make
+    the calls, not a thread per pod.
     """
 
     def __init__(self, kubeconfig: str | os.PathLike | None = None, namespace: str = "default", *,
@@ -208,7 +232,10 @@ class ProcessKubelet:
                  max_running: int | None = None, base_env: dict[str, str] | None = None,
                  workdir: str | os.PathLike | None = None, records_path: str | os.PathLike | None = None,
                  emulator_logs: bool | None = None, watch_timeout: int = 30,
-                 delay_stage: str = "scheduling", images: set[str] | None = None):
+                 delay_stage: str = "scheduling", images: set[str] | None = None,
+                 hold: str | None = None, hold_workers: int = 8):
+        from concurrent.futures import ThreadPoolExecutor
+
         from kubernetes import client, config
 
         if api_client is None:
@@ -227,6 +254,10 @@ class ProcessKubelet:
             raise ValueError(f"delay_stage must be 'scheduling' or 'pulling', not {delay_stage!r}")
         self.delay_stage = delay_stage
         self.images = None if images is None else set(images)
+        if hold not in HOLDS:
+            raise ValueError(f"hold must be one of {HOLDS}, not {hold!r}")
+        self.hold = hold
+        self._hold_pool = ThreadPoolExecutor(hold_workers, thread_name_prefix="kubelet-hold") if hold else None
         self._slots = threading.BoundedSemaphore(max_running) if max_running else None
         self._runs: dict[str, _PodRun] = {}      # uid -> run
         self._lock = threading.Lock()
@@ -248,6 +279,8 @@ class ProcessKubelet:
         _interrupt(self._resp)
         if self._thread:
             self._thread.join(timeout=5)
+        if self._hold_pool is not None:
+            self._hold_pool.shutdown(wait=False, cancel_futures=True)
         if kill_pods:
             with self._lock:
                 runs = list(self._runs.values())
@@ -441,6 +474,8 @@ class ProcessKubelet:
                 run.deleting.set()
                 if run.finished:  # process already over: only the final delete is left
                     threading.Thread(target=self._final_delete, args=(run,), daemon=True).start()
+                elif self.hold:
+                    self._hold_pool.submit(self._held_call, self._stop_held, run)
             return
         node = spec.get("nodeName")
         phase = (pod.get("status") or {}).get("phase", "Pending")
@@ -458,6 +493,11 @@ class ProcessKubelet:
         run = _PodRun(pod)
         with self._lock:
             self._runs[uid] = run
+        if self.hold:
+            if md.get("deletionTimestamp"):
+                run.deleting.set()
+            self._hold_pool.submit(self._held_call, self._hold_pod, run, bool(node), phase == "Running")
+            return
         if node and phase == "Running":  # ours, but we have no process for it (kubelet restart)
             self._patch_status(run, {"phase": "Failed", "reason": "ContainerStatusUnknown",
                                      "message": "process kubelet lost the container"})
@@ -663,6 +703,103 @@ class ProcessKubelet:
             self._final_delete(run)
 
 
+    # ---- hold mode (no processes) --------------------------------------------------------
+    def release(self) -> int:
+        """Finish every held pod that is not being deleted (see ``hold``); returns how many."""
+        with self._lock:
+            runs = [r for r in self._runs.values() if not (r.finished or r.deleting.is_set())]
+        for run in runs:
+            self._hold_pool.submit(self._held_call, self._finish_held, run)
+        return len(runs)
+
+    def _held_call(self, step: Callable[[_PodRun], None], run: _PodRun, *args) -> None:
+        """One held pod's steps run one at a time (the pool may hold its start and its stop)."""
+        try:
+            with run.held:
+                if not run.finished and not self._stop.is_set():
+                    step(run, *args)
+        except Exception:
+            log.exception("held pod %s: %s failed", run.name, step.__name__)
+
+    def _hold_pod(self, run: _PodRun, bound: bool, running: bool = False) -> None:
+        self._write(run)
+        if run.deleting.is_set():
+            return self._stop_held(run)
+        if self.hold == "pending" and not bound:
+            return
+        if not bound and not self._bind(run):
+            return
+        run.record["bound_at"] = run.record["bound_at"] or time.time()
+        if running:  # already Running on this node (the kubelet restarted): its task's start is unknown
+            run.record.update(started_at=time.time(), started_iso=_now_iso(), phase="Running")
+        else:
+            self._start_held(run)
+
+    def _start_held(self, run: _PodRun) -> None:
+        started = _now_iso()
+        run.record.update(started_at=time.time(), started_iso=started, phase="Running")
+        ctr = run.pod["spec"]["containers"][0]
+        self._patch_status(run, {
+            "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}], "hostIP": "127.0.0.1",
+            "startTime": started,
+            "conditions": [{"type": t, "status": "True", "lastTransitionTime": started}
+                           for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
+            "containerStatuses": [{**self._container_status(run, {"running": {"startedAt": started}}),
+                                   "ready": True, "started": True, "containerID": f"held://{run.uid}"}]})
+        run.record["ti_run"] = self._task_call(run, "run", {
+            "state": "running", "hostname": run.name, "unixname": "airflow", "pid": 1, "start_date": started})
+        self._write(run)
+
+    def _finish_held(self, run: _PodRun) -> None:
+        if run.deleting.is_set():
+            return
+        if run.record["started_at"] is None:  # held Pending: it starts now
+            if run.record["bound_at"] is None and not self._bind(run):
+                return
+            run.record["bound_at"] = run.record["bound_at"] or time.time()
+            self._start_held(run)
+        if run.record.get("ti_run") == 200:
+            run.record["ti_state"] = self._task_call(run, "state", {
+                "state": "success", "end_date": _now_iso(), "task_outlets": [], "outlet_events": []})
+        self._finish(run, 0, "Completed", run.record["started_iso"])
+
+    def _stop_held(self, run: _PodRun) -> None:
+        if run.record["started_at"] is None:
+            return self._abandon_unstarted(run)
+        self._finish(run, 143, "Error", run.record["started_iso"])  # deleting: ends with the final delete
+
+    def _task_call(self, run: _PodRun, what: str, body: dict) -> int | None:
+        """``PATCH <execution API>/task-instances/{id}/<what>`` as the pod's worker would send it;
+        the HTTP status (None: no workload, no API URL, or no answer). /run's refreshed token is
+        kept for /state, as the task SDK keeps it."""
+        import urllib.error
+        import urllib.request
+
+        workload = pod_workload(run.pod) or {}
+        url = pod_env(run.pod, self.base_env, self.node_name).get("AIRFLOW__CORE__EXECUTION_API_SERVER_URL")
+        ti_id = (workload.get("ti") or {}).get("id")
+        token = run.task_token or workload.get("token")
+        if not (url and ti_id and token):
+            return None
+        req = urllib.request.Request(f"{url.rstrip('/')}/task-instances/{ti_id}/{what}", method="PATCH",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        for attempt in range(5):
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    run.task_token = resp.headers.get("Refreshed-API-Token") or token
+                    return resp.status
+            except urllib.error.HTTPError as e:
+                if e.code < 500 or attempt == 4:
+                    return e.code
+            except OSError as e:
+                if attempt == 4 or self._stop.is_set():
+                    log.warning("%s of %s: %s", what, run.name, e)
+                    return None
+            time.sleep(0.5 * 2 ** attempt)
+        return None
+
+
 def _interrupt(resp) -> None:
     """Unblock a thread reading a watch stream (close() alone waits for the read to return)."""
     conn = getattr(resp, "connection", None) or getattr(resp, "_connection", None)
@@ -693,6 +830,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workdir")
     p.add_argument("--records")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE added to the base environment")
+    p.add_argument("--hold", choices=[h for h in HOLDS if h], help="run no process: hold every pod Pending, or"
+                   " Running with its task started through the execution API; SIGUSR1 finishes them (success)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
@@ -702,10 +841,12 @@ def main(argv: list[str] | None = None) -> None:
     delay: DelaySpec = LongTailDelay.parse(a.delay_dist, a.seed) if a.delay_dist else a.start_delay
     kubelet = ProcessKubelet(a.kubeconfig, a.namespace, node_name=a.node_name, start_delay=delay,
                              max_running=a.max_running, base_env=base, workdir=a.workdir,
-                             records_path=a.records).start()
+                             records_path=a.records, hold=a.hold).start()
     done = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, lambda *_: done.set())
+    if a.hold:
+        signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=kubelet.release, daemon=True).start())
     done.wait()
     kubelet.stop()
 

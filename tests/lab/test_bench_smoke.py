@@ -21,18 +21,18 @@ KEYS = ("queue_time_ratio", "precreate_round_trips_per_batch", "precreate_wall_r
         "startup_seconds")
 
 
-def _smoke(tmp_path, *args: str) -> tuple[str, dict]:
+def _smoke(tmp_path, *args: str, timeout: float = 600) -> tuple[str, dict]:
     """Run ``bench --smoke`` on the emulator with ``args``; its stdout and figures."""
     out = tmp_path / "bench.json"
     proc = subprocess.Popen([sys.executable, "-m", "fenced_k8s_lab.bench", "--smoke", "--backend", "emulator",
                              *args, "--json", str(out), "--workdir", str(tmp_path / "work")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stdout, stderr = proc.communicate(timeout=600)  # ~1 min on a quiet 2-core machine
+        stdout, stderr = proc.communicate(timeout=timeout)  # ~1 min on a quiet 2-core machine
     except subprocess.TimeoutExpired:
         proc.terminate()  # SIGTERM: the bench stops its PostgreSQL and emulator on the way out
         stdout, stderr = proc.communicate(timeout=60)
-        pytest.fail(f"bench --smoke did not finish in 600 s:\n{stderr[-4000:]}")
+        pytest.fail(f"bench --smoke {' '.join(args)} did not finish in {timeout:.0f} s:\n{stderr[-4000:]}")
     assert proc.returncode == 0, stderr[-4000:]
     return stdout, json.loads(out.read_text())
 

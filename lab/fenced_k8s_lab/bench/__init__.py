@@ -3,9 +3,11 @@
 Scenarios (docs/performance.md): pre-creation check per batch, pod launch throughput
 (sequential and concurrent creation), the state-change fence per watcher event, the sweep, and
 an in-process approximation of the scheduler loop. Stock and fenced repetitions alternate
-(ABBA) in one process run; figures are medians and fenced/stock ratios.
+(ABBA) in one process run; figures are medians and fenced/stock ratios. ``--only scale`` (never
+in the default set) runs real schedulers with thousands of tasks in flight instead (``scale.py``).
 
     fenced-k8s-repro bench [--quick|--smoke] [--json FILE] [--only queue,launch,...] [--backend both]
+    fenced-k8s-repro bench --only scale [--scale-venv DIR] [--scale-docs DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -69,6 +71,13 @@ def machine() -> dict:
             "machine": platform.machine(), "processor": platform.processor() or None, "versions": versions}
 
 
+def lab_machine(lab) -> dict:
+    """``machine()`` with the lab's PostgreSQL version and driver, and the load average now."""
+    with lab.engine.connect() as conn:
+        server = conn.exec_driver_sql("SHOW server_version").scalar()
+    return {**machine(), "postgresql": server, "driver": lab.driver, "load_before": os.getloadavg()}
+
+
 def _rows(columns: dict, fields: tuple[str, ...]) -> dict:
     """``{point: {field: columns[field][point]}}``: a scenario's per-field columns as one row per point."""
     return {k: {f: columns[f][k] for f in fields} for k in columns["seconds"]}
@@ -96,14 +105,10 @@ def run(args: argparse.Namespace, backend: str = "emulator") -> dict:
     progress(f"=== backend: {backend} ===")
     lab = Lab.start(workdir, backend=backend, stock_pagination=args.stock_pagination, driver=args.driver)
     lab.profile_dir = Path(args.profile) / backend if args.profile else None
-    result: dict = {"backend": backend, "quick": bool(args.quick), "smoke": bool(args.smoke), "config": cfg,
-                    "machine": machine()}
+    result: dict = {"backend": backend, "quick": bool(args.quick), "smoke": bool(args.smoke), "config": cfg}
     spreads: dict = {}
     try:
-        with lab.engine.connect() as conn:
-            result["machine"]["postgresql"] = conn.exec_driver_sql("SHOW server_version").scalar()
-        result["machine"]["driver"] = lab.driver
-        result["machine"]["load_before"] = os.getloadavg()
+        result["machine"] = lab_machine(lab)
         from airflow.configuration import conf
 
         result["machine"]["airflow_logging_level"] = conf.get("logging", "logging_level")
@@ -275,14 +280,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--driver", choices=("psycopg2", "psycopg"), default="psycopg2",
                     help="the metadata DB's driver (psycopg: psycopg 3, what the chart's plain postgresql:// URL gets)")
     ap.add_argument("--profile", metavar="DIR", help="cProfile the fenced hot paths (first fenced repetition)")
+    ap.add_argument("--scale-sizes", help="--only scale: tasks in flight per run (default 1000,5000,10000)")
+    ap.add_argument("--scale-venv", action="append", default=[], metavar="DIR",
+                    help="--only scale: run it again with this virtualenv's Airflow (repeatable), e.g."
+                         " .venv-matrix/airflow-3.4.0b2-provider-10.25.0")
+    ap.add_argument("--scale-docs", metavar="DIR", help="--only scale: write the docs table (scale.md) and the"
+                    " plot (scale.png) there")
     ap.add_argument("--workdir", help="where logs and kubeconfigs go (default: a temp dir)")
     ap.add_argument("--airflow-log", metavar="FILE",
                     help="where Airflow's own log lines go, appended (default: <workdir>/airflow.log, or a temp file)")
     args = ap.parse_args(argv)
     _exit_on_sigterm()
-    if args.only and not set(args.only.split(",")) <= set(SCENARIOS):
-        ap.error(f"--only takes {','.join(SCENARIOS)}")
+    only = set(args.only.split(",")) if args.only else set()
+    if "scale" in only and (only != {"scale"} or args.backend == "real"):
+        ap.error("--only scale runs alone, on the emulator (it starts its own deployments)")
+    if not only <= set(SCENARIOS) | {"scale"}:
+        ap.error(f"--only takes {','.join(SCENARIOS)}, or scale")
     out = _airflow_log_to_file(args)
+    if only == {"scale"}:
+        return _scale_main(args, argv if argv is not None else sys.argv[1:], out)
     from fenced_k8s_lab.bench import report
     from fenced_k8s_lab.bench.env import progress
 
@@ -346,25 +362,36 @@ def _airflow_log_to_file(args: argparse.Namespace):
     return report
 
 
-def _run_real_subprocess(argv: list[str], airflow_log: str) -> dict:
-    """The real-apiserver run in a fresh process (its own PostgreSQL, executors and GIL)."""
-    import subprocess
-    import tempfile
-
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``argv`` without these options and their values."""
     keep, skip = [], False
-    for a in argv:  # drop --json FILE, --backend X, --airflow-log FILE; keep the rest
+    for a in argv:
         if skip:
             skip = False
             continue
-        if a in ("--json", "--backend", "--airflow-log"):
+        if a in options:
             skip = True
             continue
-        if a.startswith(("--json=", "--backend=", "--airflow-log=")):
+        if a.startswith(tuple(f"{o}=" for o in options)):
             continue
         keep.append(a)
+    return keep
+
+
+def _run_real_subprocess(argv: list[str], airflow_log: str) -> dict:
+    """The real-apiserver run in a fresh process (its own PostgreSQL, executors and GIL)."""
+    keep = _without(argv, ("--json", "--backend", "--airflow-log"))
+    return _bench_subprocess(sys.executable, [*keep, "--backend", "real"], airflow_log, "real")
+
+
+def _bench_subprocess(python: str, argv: list[str], airflow_log: str, name: str) -> dict:
+    """``python -m fenced_k8s_lab.bench ARGV`` in a fresh process; its figures (or the error)."""
+    import subprocess
+    import tempfile
+
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = fh.name
-    proc = subprocess.Popen([sys.executable, "-m", "fenced_k8s_lab.bench", *keep, "--backend", "real",
+    proc = subprocess.Popen([python, "-m", "fenced_k8s_lab.bench", *argv,
                              "--json", out, "--airflow-log", airflow_log], stdout=subprocess.DEVNULL)
     try:
         proc.wait()
@@ -376,10 +403,57 @@ def _run_real_subprocess(argv: list[str], airflow_log: str) -> dict:
             proc.kill()
         raise
     if proc.returncode != 0:  # its progress went to stderr (shared), Airflow's lines to airflow_log
-        return {"backend": "real", "error": f"exit {proc.returncode}; Airflow's log: {airflow_log}"}
+        return {"backend": name, "error": f"exit {proc.returncode}; Airflow's log: {airflow_log}"}
     figures = json.loads(Path(out).read_text())
     os.unlink(out)
     return figures
+
+
+def run_scale(args: argparse.Namespace) -> dict:
+    """``--only scale`` with this interpreter's Airflow: every size, stock and fenced (scale.py)."""
+    from fenced_k8s_lab.bench import scale, scale_report
+    from fenced_k8s_lab.bench.env import Lab
+
+    cfg = dict(scale.SMOKE if args.smoke else scale.QUICK if args.quick else scale.FULL)
+    if args.scale_sizes:
+        cfg["sizes"] = [int(x) for x in args.scale_sizes.split(",")]
+    if args.reps:
+        cfg["reps"] = args.reps
+    started = time.monotonic()
+    lab = Lab.start(Path(args.workdir) / "scale" if args.workdir else None, driver=args.driver)
+    lab.profile_dir = Path(args.profile) / "scale" if args.profile else None
+    try:
+        result = {"machine": lab_machine(lab)}
+        result.update(scale.run(lab, cfg, lambda partial: _checkpoint(args, "scale", {**result, **partial}, {}, {})))
+        result["machine"]["load_after"] = os.getloadavg()
+        result["summary"] = scale_report.summarise(result)
+        result["seconds"] = time.monotonic() - started
+    finally:
+        lab.stop()
+    return result
+
+
+def _scale_main(args: argparse.Namespace, argv: list[str], out) -> int:
+    """``--only scale``: this interpreter's Airflow, then each ``--scale-venv``'s; one table."""
+    from fenced_k8s_lab.bench import scale_report
+
+    figures = run_scale(args)
+    lines = {figures["machine"]["versions"]["apache-airflow"]: figures}
+    rest = _without(argv, ("--json", "--airflow-log", "--scale-venv", "--scale-docs", "--workdir"))
+    for venv in args.scale_venv:
+        where = ["--workdir", str(Path(args.workdir) / Path(venv).name)] if args.workdir else []
+        other = _bench_subprocess(str(Path(venv) / "bin" / "python"), [*rest, *where], args.airflow_log, venv)
+        lines.update(other.get("scale") or {venv: other})
+    result = {"scale": lines}
+    print(scale_report.table(result), file=out, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        Path(f"{args.json}.scale.partial").unlink(missing_ok=True)
+        print(f"figures written to {args.json}", file=sys.stderr)
+    if args.scale_docs:
+        for path in scale_report.write_docs(result, Path(args.scale_docs)):
+            print(f"written: {path}", file=sys.stderr)
+    return 0
 
 
 def _exit_on_sigterm() -> None:
