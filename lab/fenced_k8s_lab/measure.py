@@ -135,13 +135,27 @@ def _sent(call: dict) -> float:
     return call["sent"] if call.get("sent") is not None else call["ts"]
 
 
-def _run_calls_of(pod: dict, calls: list[dict]) -> list[dict]:
-    """The /run calls this pod sent: its TI id's calls while its container ran."""
-    if pod.get("started") is None:
-        return []
+def _ran_then(pod: dict, call: dict) -> bool:
+    """Whether ``pod``'s container ran when ``call`` (a /run of its TI id) came in."""
+    if pod.get("started") is None or call.get("ts") is None or call.get("ti_id") != pod.get("ti_id"):
+        return False
     end = pod.get("finished") or float("inf")
-    return [c for c in calls if c.get("ti_id") == pod.get("ti_id") and c.get("ts") is not None
-            and pod["started"] <= _sent(c) <= end + 1.0]
+    return pod["started"] <= _sent(call) <= end + 1.0
+
+
+def _run_calls_of(pod: dict, calls: list[dict], pods: list[dict]) -> list[dict]:
+    """The /run calls this pod sent: its TI id's calls while its container ran, each given to one
+    pod only. When two pods of one TI id ran at once (a stuck-in-queued re-queue keeps the id), a
+    call goes to the one not yet told to stop, then to the one started last: the access log does
+    not name the pod, and the re-queue's new pod is the one that sends /run."""
+    def owner(call: dict) -> dict | None:
+        running = [p for p in pods if _ran_then(p, call)]
+        if not running:
+            return None
+        return max(running, key=lambda p: (p.get("told_to_stop") is None or p["told_to_stop"] > _sent(call),
+                                           p["started"]))
+
+    return [c for c in calls if _ran_then(pod, c) and owner(c) is pod]
 
 
 def start_stops(ev: Evidence) -> dict[str, int | None]:
@@ -157,7 +171,7 @@ def start_stops(ev: Evidence) -> dict[str, int | None]:
         told = pod.get("told_to_stop")
         if told is None or pod.get("started") is None or told < pod["started"]:
             continue
-        calls = _run_calls_of(pod, ev.run_calls)
+        calls = _run_calls_of(pod, ev.run_calls, ev.pods)
         if not any(_sent(c) < told for c in calls):
             stopped += 1
         late += sum(1 for c in calls if _sent(c) >= told)

@@ -249,6 +249,20 @@ def test_stops_and_late_runs_need_run_times():
     assert measure(old)["pods_stopped_while_starting"] is None and measure(old)["run_after_stop"] is None
 
 
+def test_a_run_of_the_requeues_new_pod_is_not_the_stopped_pods_late_run():
+    """pending_storm at load: a stuck-in-queued re-queue revoked a pod that had sent /run, and the
+    re-queue's new pod (same TI id) sent its own /run within a second of the old one finishing.
+    Judged by TI id and time alone, the new pod's call counted as the stopped pod's late /run."""
+    old = pod("old", A, 8, started=21.7, finished=30.9, exit_code=0, ran=True, iat=8) | {"told_to_stop": 25.2}
+    new = pod("new", A, 25.6, started=28.8, finished=38.8, exit_code=0, ran=True, iat=25) | {"told_to_stop": None}
+    calls = [{"ts": 25.1, "sent": 25.0, "ti_id": A, "status": 200},
+             {"ts": 31.4, "sent": 31.4, "ti_id": A, "status": 200}]
+    m = measure(evidence(pods=[old, new], run_calls=calls))
+    assert (m["pods_stopped_while_starting"], m["run_after_stop"]) == (0, 0)
+    # the old pod alone: its call after the stop is late
+    assert measure(evidence(pods=[old], run_calls=calls))["run_after_stop"] == 1
+
+
 def test_requeues_and_tasks_failed_at_the_stuck_in_queued_limit():
     lines = [{"ts": 1, "ti_id": A, "outcome": "requeued"}, {"ts": 2, "ti_id": A, "outcome": "requeued"},
              {"ts": 3, "ti_id": A, "outcome": "failed"}, {"ts": 3, "ti_id": B, "outcome": "requeued"}]
