@@ -102,6 +102,7 @@ def hop(metadata_db, pg_server, driver):
     with NatHop({"postgres": ("127.0.0.1", pg_server.port)}) as nat:
         engine = _engine(nat.url("postgres", metadata_db.url.database, driver))
         original, settings.engine = settings.engine, engine
+        nat.engine = engine  # ``world`` puts it back after opening Airflow's ORM on the driver
         try:
             yield nat
         finally:
@@ -113,11 +114,21 @@ def hop(metadata_db, pg_server, driver):
 
 @pytest.fixture
 def world(metadata_db, airflow, emulator_session, tmp_path, monkeypatch, request, world_opener):
-    """The integration world on the emulator only: the bounds are the database's matter."""
+    """The integration world on the emulator only: the bounds are the database's matter. Airflow's
+    ORM on the test's driver; opening it reconfigures Airflow's engine, so the hop's goes back in
+    after (else the fences would build theirs on a direct connection, and no flow of theirs would
+    cross the hop)."""
+    from airflow import settings
+
     open_world, tasks_of = world_opener
     emulator_session.reset()
     task_ids, dag_kwargs = tasks_of(request)
-    with open_world(emulator_session, metadata_db, airflow, tmp_path, monkeypatch, task_ids, dag_kwargs) as w:
+    driver = request.getfixturevalue("driver") if "driver" in request.fixturenames else None
+    with open_world(emulator_session, metadata_db, airflow, tmp_path, monkeypatch, task_ids, dag_kwargs,
+                    driver=driver) as w:
+        if "hop" in request.fixturenames:
+            settings.engine = request.getfixturevalue("hop").engine
+            db.dispose()
         yield w
     emulator_session.clear_faults()
 
