@@ -87,23 +87,29 @@ def test_the_readme_pip_install_line_installs_into_a_fresh_venv(tmp_path):
         shutil.copy(built if built.exists() else ROOT / source, image_tmp / Path(source).name)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    # as in a fresh image: none of this test session's Airflow settings (an earlier test's metadata
+    # DB URL names a driver the image's pip line does not install)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME") and not k.startswith("AIRFLOW")}
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", AIRFLOW_HOME=str(tmp_path / "airflow"))
     line = pip.args.replace("/tmp/", f"{image_tmp}/")
     done = subprocess.run(["/bin/sh", "-c", line], env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
     probe = ("import fenced_k8s_executor.executor, airflow; from importlib.metadata import version as v; "
-             "print(airflow.__version__, v('apache-airflow-providers-cncf-kubernetes'), fenced_k8s_executor.__version__)")
+             "print(airflow.__version__, v('apache-airflow-providers-cncf-kubernetes'), fenced_k8s_executor.__version__,"
+             " fenced_k8s_executor.__file__)")
     found = subprocess.run([str(venv / "bin" / "python"), "-c", probe], env=env, capture_output=True, text=True,
-                           timeout=600)
+                           timeout=600, cwd=tmp_path)  # not the checkout: `-c` puts the cwd first on sys.path
+    assert str(venv) in found.stdout.split()[-1], found.stdout  # the installed wheel, not the checkout
     assert found.returncode == 0, found.stderr[-3000:]
     import fenced_k8s_executor
 
     pins = dict(pin.split("==") for pin in (ROOT / ".ci" / "constraints.txt").read_text().splitlines() if "==" in pin)
-    assert found.stdout.split() == [pins["apache-airflow"], pins["apache-airflow-providers-cncf-kubernetes"],
-                                    fenced_k8s_executor.__version__]
-    checked = subprocess.run([str(venv / "bin" / "pip"), "check"], env=env, capture_output=True, text=True, timeout=300)
+    assert found.stdout.split()[:3] == [pins["apache-airflow"], pins["apache-airflow-providers-cncf-kubernetes"],
+                                        fenced_k8s_executor.__version__]
+    checked = subprocess.run([str(venv / "bin" / "pip"), "check"], env=env, capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout[-3000:]
 
 

@@ -64,9 +64,14 @@ def test_bench_smoke_writes_all_figures(tmp_path):
     # one statement per loop for the in-flight reconcile, none for stock
     assert {n: v["fenced"] for n, v in figures["loop_statements_per_sync"].items()} == {"4": 1, "16": 1}
     assert {n: v["stock"] for n, v in figures["loop_statements_per_sync"].items()} == {"4": 0, "16": 0}
-    # a dead scheduler's launches in flight: one fence statement per loop, no API call when idle
+    # a dead scheduler's launches in flight: one fence statement per idle loop, no API call when idle.
+    # A loop that creates pods also reads this scheduler's job row once per heartbeat interval (the
+    # launcher its pods name, issue 45: three statements in one bounded transaction), so a busy loop
+    # is one statement, or four when the stamp is due; fewer than stock's check per job on average.
     orphans = figures["orphans"]
-    assert {mode: f["fenced"]["statements_per_sync_max"] for mode, f in orphans.items()} == {"idle": 1, "busy": 1}
+    assert orphans["idle"]["fenced"]["statements_per_sync_max"] == 1
+    assert orphans["busy"]["fenced"]["statements_per_sync_max"] in (1, 4)
+    assert orphans["busy"]["fenced"]["statements_per_sync"] <= orphans["busy"]["stock"]["statements_per_sync"]
     assert orphans["idle"]["fenced"]["api_calls_per_sync"] == 0
     assert figures["orphans_known_at_start"] == figures["config"]["orphan_pods"]
     assert figures["startup_known_at_start"] == [figures["config"]["startup_pods"]]  # listed once, at start

@@ -23,6 +23,16 @@ def _launch(**kw) -> LaunchIdentity:
     return LaunchIdentity(**{**base, **kw})
 
 
+def _read(**kw) -> LaunchIdentity:
+    """The launch a pod stamped with ``_launch(**kw)`` reads as: through ``from_pod_metadata``, where
+    every field is validated (issue 45), with the provider's task annotations beside ours."""
+    stamped = _launch(**kw)
+    coordinates = {"dag_id": stamped.dag_id, "task_id": stamped.task_id, "run_id": stamped.run_id}
+    if stamped.map_index != -1:
+        coordinates["map_index"] = str(stamped.map_index)
+    return from_pod_metadata({**stamped.annotations(), **coordinates})
+
+
 def _row(**kw) -> TaskRow:
     base = dict(ti_id=TI, state="queued", try_number=2, queued_by_job_id=7, external_executor_id=TOKEN,
                 dag_id="d", task_id="t", run_id="r")
@@ -47,14 +57,14 @@ def test_the_creator_is_an_ascii_job_id_or_nothing(job_id, creator):
 
 @pytest.mark.parametrize("field", ["dag_id", "task_id", "run_id"])
 def test_a_nul_anywhere_in_the_task_key_is_malformed(field):
-    assert _launch(**{field: "a\x00b"}).malformed
-    assert _launch(**{field: "a\x00b"}).task is None
+    assert _read(**{field: "a\x00b"}).malformed
+    assert _read(**{field: "a\x00b"}).task is None
 
 
 @pytest.mark.parametrize("index, bad", [(100, False), (2**31 - 1, False), (-(2**31), False), (2**31, True),
                                         (-(2**31) - 1, True)])
 def test_a_map_index_is_malformed_only_beyond_32_bits(index, bad):
-    assert bool(_launch(map_index=index).malformed) is bad
+    assert bool(_read(map_index=index).malformed) is bad
 
 
 def test_a_rows_map_index_is_minus_one_unless_given():
@@ -69,16 +79,18 @@ def test_the_row_names_its_host_by_name_or_fqdn_only(host, pod, runs):
     assert _row(hostname=host).runs_on(pod) is runs
 
 
-@pytest.mark.parametrize("value, index", [(None, -1), ("-1", -1), ("-12", -12), ("7", 7), ("1e3", None), ("3x", None),
-                                          ("--1", None), (5, 5)])
+@pytest.mark.parametrize("value, index", [(None, None), ("-1", -1), ("-12", -12), ("7", 7), ("1e3", None),
+                                          ("3x", None), ("--1", None), (5, None), ("-2147483648", -(2**31)),
+                                          ("-2147483649", None), ("2147483648", None)])
 def test_map_index_annotations_read_exactly(value, index):
+    """Only a decimal string is a map index (annotations are strings; anything else is hostile)."""
     assert launch._map_index(value) == index
 
 
 def test_an_unreadable_try_number_reads_as_zero():
     annotations = {TI_ID_ANNOTATION: TI, TOKEN_ANNOTATION: TOKEN, TRY_NUMBER_ANNOTATION: "x"}
-    assert from_pod_metadata(annotations).try_number == 0
-    assert launch._int(None, 4) == 4
+    read = from_pod_metadata(annotations)
+    assert read.try_number == 0 and read.malformed and read.task is None
 
 
 @pytest.mark.parametrize("other", ["00000000-0000-4000-8000-000000000000", "ffffffff-ffff-4fff-bfff-ffffffffffff"])
@@ -162,7 +174,7 @@ def test_the_pod_the_row_names_as_its_host_is_never_deleted():
 
 
 def test_a_map_index_one_past_32_bits_is_malformed():
-    assert _launch(map_index=2**31 + 1).malformed
+    assert _read(map_index=2**31 + 1).malformed
 
 
 def test_annotations_carry_the_region_and_the_deployment_only_when_set():
@@ -175,5 +187,5 @@ def test_annotations_carry_the_region_and_the_deployment_only_when_set():
 
 
 def test_a_ti_id_that_is_no_uuid_is_malformed():
-    assert _launch(ti_id="not-a-uuid").malformed == "ti_id is not a UUID"
-    assert _launch(ti_id=TI.upper()).malformed is None
+    assert _read(ti_id="not-a-uuid").malformed == "ti_id is not a UUID"
+    assert _read(ti_id=TI.upper()).malformed is None

@@ -471,6 +471,20 @@ class Lab:
     def next_job_id(self) -> int:
         return next(self._job_ids)
 
+    def scheduler_job(self, job_id: int) -> None:
+        """The running scheduler job row ``job_id`` names, as a deployment's scheduler has one
+        (airflow-core's ``Job``, started and heartbeating now): the fenced executor reads it once
+        per heartbeat interval for its pods' launcher stamp, and without a row it would read again
+        in every creation batch."""
+        from airflow.jobs.job import Job, JobState
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            if session.get(Job, job_id) is None:
+                job = Job(id=job_id, job_type="SchedulerJob")
+                job.state = JobState.RUNNING
+                session.add(job)
+
     def executor(self, kind: str, *, namespace: str, batch_size: int = 32, async_creation: bool = False,
                  delete_worker_pods: bool = False, job_id: int | None = None, **fenced: str):
         """A started stock or fenced executor, configured by env vars exactly as in a deployment."""
@@ -498,6 +512,7 @@ class Lab:
         os.environ.update(env)
         module, _, name = (STOCK if kind == "stock" else FENCED).rpartition(".")
         executor = getattr(importlib.import_module(module), name)()
+        self.scheduler_job(job_id)
         executor.job_id = job_id
         # start() forks the provider's Manager (and watcher) from this process, whose heap holds
         # every earlier repetition: frozen, a child's full collection skips it instead of pausing
