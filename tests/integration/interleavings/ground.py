@@ -129,11 +129,17 @@ class GroundSteps:
         another deployment id: an operator sets ``deployment_id`` (a new value), or removes it (the
         stored id again); before issue 45, a ``pg_upgrade`` changed the derived id. The new
         generation's first loop adopts the stopped schedulers' tasks: a running task must be adopted
-        with its pod, as stock adopts it."""
+        with its pod, as stock adopts it. So that one runs, the drawn scheduler's newest Pending pod
+        starts and its worker calls /run first (after a loop if it has none)."""
+        slot = self.pick(data)
         to_stored = data.draw(st.booleans(), label="back to the stored id")
-        with self.step("every live scheduler stops; the next generation starts under "
+        with self.step(f"{slot.name}'s newest pod starts and its worker calls /run (after a loop if it has none); "
+                       "every live scheduler stops; the next generation starts under "
                        f"{'the stored id' if to_stored else 'a new deployment_id'} and adopts"):
             self.join_all()
+            pod = self.started_pod(data, slot)
+            if pod is not None:
+                self.run_worker(pod)
             live = self.live_slots()
             if not live:
                 return

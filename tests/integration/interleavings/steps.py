@@ -98,8 +98,8 @@ STEPS: dict[str, tuple[int, Any]] = {
 #: (swarm testing: an example without workers, say, lets Running pods wait before /run).
 CORE = ("idle", "heartbeat", "scheduler_loop", "enqueue", "trigger", "sync", "wait")
 #: Steps that cost a draw close to a minute on a loaded machine (a copy of the PostgreSQL cluster and
-#: a scheduler process of its own): in one example's menu in four, not two (its bit and the next
-#: one's clear), so that the default run's cost stays about where it was.
+#: a scheduler process of its own): in one example's menu in sixteen, not two (its bit and the next
+#: three clear), so that the default run's cost stays about where it was.
 COSTLY = frozenset({"clone_appears"})
 OPTIONAL = tuple(name for name in STEPS if name not in CORE)
 
@@ -108,7 +108,7 @@ def menu(swarm: int) -> list[str]:
     """The weighted steps of one example: the core ones, and the optional ones whose bit is clear
     (so Hypothesis's simplest draw, 0, is the whole menu, and shrinking moves towards it)."""
     enabled = set(CORE) | {name for i, name in enumerate(OPTIONAL) if not swarm >> i & 1
-                           and (name not in COSTLY or not swarm >> (i + 1) % len(OPTIONAL) & 1)}
+                           and (name not in COSTLY or not any(swarm >> (i + k) % len(OPTIONAL) & 1 for k in (1, 2, 3)))}
     return [name for name, (weight, _) in STEPS.items() if name in enabled for _ in range(weight)]
 
 
