@@ -180,6 +180,7 @@ class GroundSteps:
                                                  env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url})
             self.stack.callback(child.kill)
             self.clone = Clone(server, child, _job_start(server, self.world.engine.url.database, child.job_id))
+            type(self).clones += 1
             self.others[child.user] = "the clone's scheduler"
             self.observe()
             self.pass_time(beating=tuple(self.live_slots()))

@@ -105,6 +105,7 @@ class Choices:
 class InterleavingMachine(Steps, CompoundSteps, GroundSteps, Promises, HardStates, Quiescence, RuleBasedStateMachine):
     env: Env  # set on a subclass by the test
     examples = 0
+    clones = 0  # clone deployments this run (``steps.CLONES``)
 
     def __init__(self) -> None:
         super().__init__()
