@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from interleavings.ground import HopRoute
 from interleavings.harness import STOCK_CANNOT, Env, Profile, budget, recorded_invariants, waived_gaps
 from interleavings.machine import InterleavingMachine
 
@@ -51,13 +52,17 @@ def run_client(metadata_db):
 
 @pytest.fixture
 def machine_for(metadata_db, airflow, emulator_session, pg_server, run_client, tmp_path_factory, world_opener):
-    """A machine class for ``profile``: each instance is one example with its own world."""
+    """A machine class for ``profile``: each instance is one example with its own world. The NAT hop
+    the examples that black-hole the fences' flows route them through is the run's, closed at its end."""
+    hops = HopRoute(pg_server)
+
     def make(profile: Profile) -> type:
         env = Env(profile, metadata_db, airflow, emulator_session, pg_server, run_client, tmp_path_factory,
-                  world_opener[0])
+                  world_opener[0], hops)
         return type(f"{profile.kind.title()}Interleavings", (InterleavingMachine,), {"env": env, "examples": 0})
 
-    return make
+    yield make
+    hops.close()
 
 
 @pytest.fixture

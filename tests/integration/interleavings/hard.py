@@ -22,6 +22,13 @@ HARD: dict[str, str] = {
                           "row names as its host: left to finish",
     "sensor_poked_again": "a reschedule-mode sensor queued again within the same try (a new launch, the same "
                           "id and try)",
+    "stamped_before_an_id_change": "a live pod of a current launch of ours stamped with a deployment id the live "
+                                   "schedulers no longer have (issue 45 item 1)",
+    "clone_beside_ours": "a live pod of the clone deployment's beside a live pod of ours of the same task, one "
+                         "deployment id on both (issue 45 item 2)",
+    "fences_flow_black_holed": "a flow of the fences' connections forgotten by the NAT hop (issue 45 item 3)",
+    "hostile_beside_superseded": "a live pod whose annotations do not read beside a live pod of a superseded launch "
+                                 "of ours (issue 45 item 4)",
 }
 
 
@@ -46,6 +53,7 @@ class HardStates:
             creator = self.creator_slot(pod)
             if creator is not None and creator.faults and self.heartbeat_fresh(creator):
                 held.add(("peer_cut_off_heartbeating", pod.name))
+        self.track_ground(held)
         for launch, pods in by_launch.items():  # a second pod of one launch, live
             if any(not p.gone and not p.deleting and p.phase in ("Pending", "Running") for p in pods[1:]):
                 held.add(("requeued_same_token", ("pods", launch)))
@@ -64,6 +72,22 @@ class HardStates:
                 del self.poked[task]
             seen[task] = row
         self.env.findings.hard_states(held)
+
+    def track_ground(self, held: set) -> None:
+        """Issue 45's hard states."""
+        live = [p for p in self.pods.values() if not p.gone and not p.deleting and p.phase in ("Pending", "Running")]
+        stamp = self.deployment_id() if self.env.profile.kind == "fenced" and self.generation else None
+        for pod in live:
+            if stamp and pod.origin == "ours" and pod.stamp and pod.stamp != stamp \
+                    and self.launches.current(pod.task, pod.launch):
+                held.add(("stamped_before_an_id_change", pod.name))
+            if pod.origin == "clone" and any(p.origin == "ours" and p.task == pod.task for p in live):
+                held.add(("clone_beside_ours", pod.name))
+            if pod.origin == "hostile" and any(p.origin == "ours" and self.launches.superseded(p.task, p.launch)
+                                               for p in live):
+                held.add(("hostile_beside_superseded", pod.name))
+        if self.flows_forgotten and self.flows_forgotten == len(self.trace):  # this step's
+            held.add(("fences_flow_black_holed", self.flows_forgotten))
 
     def creator_slot(self, pod: Any) -> Any:
         return next((s for s in self.slots if s.status == "live" and str(s.sched.job_id) == pod.creator), None)

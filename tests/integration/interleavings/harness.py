@@ -37,12 +37,13 @@ KNOWN_GAPS: frozenset = frozenset()
 
 #: The promises the stock executor cannot keep, recorded (not raised) in its run: no fence of
 #: superseded pods (race d) and no launch gate; a stale pod's events burn tries and hold slots
-#: (b1-b4); API and DB errors escape its sync and revoke (test_api_faults, test_db_faults); its
+#: (b1-b4); API and DB errors escape its sync and revoke, and it spins while the DB refuses
+#: connections (test_api_faults, test_db_faults); its
 #: revoke picks a pod by coordinates and job id (another deployment's too); what a stale pod
 #: that won /run leaves behind never finishes.
 STOCK_CANNOT = frozenset({
     "superseded_pending_lingers", "superseded_running_lingers", "superseded_wins_run", "slot_held",
-    "try_burned", "sync_raised", "step_raised", "bystander_deleted", "not_terminal",
+    "try_burned", "sync_raised", "loop_blocked", "step_raised", "bystander_deleted", "not_terminal",
 })
 
 
@@ -170,6 +171,7 @@ class Env:
     run_client: Any  # TestClient of the api-server app (run gate + execution API)
     tmp_factory: Any
     open_world: Callable
+    hops: Any = None  # ground.HopRoute: the NAT hop of the run, started on first use
     findings: Findings = field(default_factory=Findings)
 
 

@@ -21,6 +21,8 @@ import hypothesis.strategies as st
 from hypothesis import reject
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from interleavings.compound import CompoundSteps
+from interleavings.ground import GroundSteps
 from interleavings.hard import HardStates
 from interleavings.harness import Env
 from interleavings.kubelet import Kubelet, Worker
@@ -53,6 +55,7 @@ class Slot:
     transient: dict = field(default_factory=dict)  # kind -> fault id, until the next wait
     thread: threading.Thread | None = None  # a loop running in the background (slow create)
     outcome: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)  # [fenced_kubernetes_executor] options of its generation
 
     def __repr__(self) -> str:
         return self.name
@@ -99,9 +102,10 @@ class Choices:
         return options[number % len(options)]
 
 
-class InterleavingMachine(Steps, Promises, HardStates, Quiescence, RuleBasedStateMachine):
+class InterleavingMachine(Steps, CompoundSteps, GroundSteps, Promises, HardStates, Quiescence, RuleBasedStateMachine):
     env: Env  # set on a subclass by the test
     examples = 0
+    clones = 0  # clone deployments this run (``steps.CLONES``)
 
     def __init__(self) -> None:
         super().__init__()
@@ -125,6 +129,11 @@ class InterleavingMachine(Steps, Promises, HardStates, Quiescence, RuleBasedStat
         self.rows_seen: dict = {}  # task -> its row after the last step (HardStates)
         self.poked: dict = {}  # task -> (id, try, token) of a sensor poke that rescheduled (HardStates)
         self.menu = menu(0)  # every step, until the swarm draw narrows it
+        self.generation = 0  # scheduler generations since the example began (``new_generation``)
+        self.clone = None  # the clone deployment in the namespace, once one appeared (``ground.Clone``)
+        self.hop = None  # the NAT hop the fences' connections pass through, in examples that black-hole it
+        self.flows_forgotten = 0  # the last step in which the hop forgot a flow of the fences (HardStates)
+        self.others: dict[str, str] = {}  # kube user -> who, for schedulers of other deployments (the clone's)
         self.driver = os.environ.get("CHECKER_DRIVER") or DRIVERS[self.example % len(DRIVERS)]
         env.findings.drivers[self.driver] = env.findings.drivers.get(self.driver, 0) + 1
         try:
@@ -149,7 +158,7 @@ class InterleavingMachine(Steps, Promises, HardStates, Quiescence, RuleBasedStat
     # ------------------------------------------------------------------ plumbing
 
     def start(self, slot: Slot) -> Slot:
-        slot.sched = self.world.scheduler(self.env.profile.kind, hostname=slot.host)
+        slot.sched = self.world.scheduler(self.env.profile.kind, hostname=slot.host, **slot.options)
         slot.status, slot.faults, slot.transient = "live", {}, {}
         self.users[slot.sched.user] = slot
         return slot
@@ -236,6 +245,9 @@ class InterleavingMachine(Steps, Promises, HardStates, Quiescence, RuleBasedStat
         heals) and the rest is drawn more often."""
         if SWARM:
             self.menu = menu(swarm)
+        if "black_holed_loop" in self.menu:
+            self.hop = self.env.hops.route(self.stack, self.driver, self.world.engine.url.database,
+                                           self.env.findings.log)
         left_out = sorted(name for name in OPTIONAL if name not in self.menu)
         self.env.findings.log(f"example {self.example}: driver {self.driver}, menu without {', '.join(left_out)}")
 

@@ -25,8 +25,12 @@ INVARIANTS: dict[str, str] = {
     "slot_held": "no executor slot stays held for a task that is terminal or belongs to another scheduler",
     "try_burned": "no try is burned that stock would not burn",
     "not_terminal": "every task reaches a terminal state once faults stop and loops continue",
-    "sync_raised": "no exception escapes sync(), and it returns while the DB refuses connections",
+    "sync_raised": "no exception escapes sync()",
+    "loop_blocked": "sync() returns within its bound: 3 s while the DB refuses connections, the fences' bound "
+                    "(a few dead statements of db.TCP_USER_TIMEOUT_MS each) when their flows are black-holed",
     "step_raised": "no exception escapes the executor hooks airflow-core calls (revoke, adoption)",
+    "adopted_task_reset": "adoption never resets a task whose current launch's pod is alive and labelled for the "
+                          "scheduler that queued it: stock adopts it, whatever the deployment id (issue 45 item 1)",
 }
 
 #: Loops of a capable scheduler after which a promise "within one loop" is broken (one spare).
@@ -78,7 +82,8 @@ class Pod:
     """One pod the checker has seen in the namespace."""
 
     name: str
-    origin: str  # "ours" (an executor made it), "foreign", "tokenless" or "malformed" (the checker made it)
+    origin: str  # "ours" (an executor made it), "clone" (the clone's scheduler made it), or the checker made it:
+    # "foreign", "tokenless", "hostile"
     task: str | None = None
     launch: str | None = None  # token (fenced) or workload JWT (stock); None: unknown
     ti_id: str | None = None
@@ -88,6 +93,7 @@ class Pod:
     gone: bool = False
     deleting: bool = False
     collides: bool = False  # another deployment's pod stamped with our deployment id
+    stamp: str | None = None  # the deployment id it carries (HardStates: pods stamped before an id change)
     protected: bool = True  # a checker-made pod no fence may delete
     stale_since: int | None = None  # the clock's epoch when it was first seen superseded
     loops: int = 0  # capable loops counted against it since
