@@ -8,6 +8,7 @@ verdict (``verdicts``) about data read by ``ledger`` (DB) and ``pods`` (Kubernet
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -18,8 +19,6 @@ from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils impor
     AirflowKubernetesScheduler,
     KubernetesJobWatcher,
 )
-
-import dataclasses
 
 from fenced_k8s_executor import (compat, config, deployment, guards, ledger, metrics, pods, provider_compat, sqlstate,
                                  stamp, verdicts)
@@ -173,8 +172,9 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
                         addresses: tuple[str, ...] = ()) -> verdicts.Verdict | None:
         """``verdicts.should_delete`` with this database's facts about the pod's launcher; None when
         they could not be read (no evidence: nothing is deleted now)."""
-        if not verdicts.is_stale(launch, row).act:
-            return verdicts.is_stale(launch, row)
+        stale = verdicts.is_stale(launch, row)
+        if not stale.act:
+            return stale
         try:
             job = self.launchers.job_of(launch)
             self.launchers.check(launch, self.deployment, job, pod)

@@ -22,11 +22,11 @@ from typing import Any, Callable, Iterator, Mapping
 
 from kubernetes.client.rest import ApiException
 
-from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import TRANSIENT_CONNECTION_ERRORS
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import (TRANSIENT_CONNECTION_ERRORS,
+                                                                          annotations_to_key)
 
 from fenced_k8s_executor import metrics, verdicts
 from fenced_k8s_executor.launch import from_pod_metadata
-from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import annotations_to_key
 
 log = logging.getLogger("fenced_k8s_executor")
 
@@ -70,8 +70,9 @@ def report(call: str, error: BaseException, then: str = "retrying next loop") ->
     log.warning("fenced_k8s_executor API error call=%s status=%s %s: %s", call, status, then, detail)
 
 
-def _coordinates(pod: Any) -> Any:
-    """The provider's task key of a pod (its coordinate annotations), or None when they do not read."""
+def coordinates(pod: Any) -> Any:
+    """The provider's task key of a pod (its coordinate annotations), or None when they do not read
+    (a try_number or map_index that is no number: the provider's own parse raises)."""
     try:
         return annotations_to_key(pod.metadata.annotations)
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -184,7 +185,7 @@ class ApiGuard:
         kept = []
         for pod, launch in zip(found, launches):
             job = jobs.get(launch.launcher.job_id) if launch is not None and launch.launcher is not None else None
-            adopting = self._adopting.get(_coordinates(pod)) if self._adopting else None
+            adopting = self._adopting.get(coordinates(pod)) if self._adopting else None
             if not verdicts.hidden_from_provider(launch, self._stamps_of_ours, self.deployment, job,
                                                  self.launchers.collision, self.launchers.last_job_id,
                                                  getattr(adopting, "external_executor_id", None)):

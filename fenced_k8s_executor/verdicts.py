@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Sequence
 from datetime import datetime
+from typing import Sequence
 
 from fenced_k8s_executor.launch import Launcher, LaunchIdentity, TaskRow, as_token
 

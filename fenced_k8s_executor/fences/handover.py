@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import annotations_to_key
-
 from fenced_k8s_executor import guards, metrics, pods, provider_compat, verdicts
 from fenced_k8s_executor.launch import as_token
 from fenced_k8s_executor.metrics import short
@@ -71,14 +69,13 @@ class HandoverFence:
         if not self._fencing:
             return super().adopt_launched_task(kube_client, pod, tis_to_flush_by_key)
         ref = pods.ref_from_metadata(pod.metadata)
-        try:
-            coordinates = annotations_to_key(pod.metadata.annotations)
-        except (KeyError, TypeError, ValueError) as error:
+        coordinates = guards.coordinates(pod)
+        if coordinates is None:
             # The provider's own coordinates do not read (a try_number or map_index that is no
             # number): stock fails the whole adoption on it. This pod alone is left alone.
             metrics.incr("pod.malformed", {"reason": "task_key"})
-            log.warning("fenced_k8s_executor pod %s/%s is not adopted: its task coordinates cannot be read (%s)",
-                        ref.namespace, ref.name, type(error).__name__)
+            log.warning("fenced_k8s_executor pod %s/%s is not adopted: its task coordinates cannot be read",
+                        ref.namespace, ref.name)
             return
         ti = tis_to_flush_by_key.get(coordinates) or self._adopting.get(coordinates)
         if ti is not None and ref.launch is not None:
