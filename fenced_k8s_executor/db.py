@@ -61,7 +61,8 @@ KEEPALIVES_IDLE, KEEPALIVES_INTERVAL, KEEPALIVES_COUNT = 30, 10, 3
 STATEMENT_TIMEOUT_MS = 5_000
 #: Sent at the head of a single statement's query string in autocommit: PostgreSQL runs a string of
 #: several statements in one implicit transaction, so the setting ends with the statement.
-BOUND = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; "
+SET_TIMEOUT = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}"
+BOUND = SET_TIMEOUT + "; "
 #: Seconds the loop's connection may sit unused before it goes back to the pool, whose pre-ping
 #: then checks it before the next statement: a server restart, a failover or a pooler's idle
 #: timeout closes it while nothing uses it, and the ping (one round trip per idle spell, not per
@@ -206,7 +207,7 @@ def _transactional(dbapi: Any, record: Any) -> None:
 
 def _bound(conn: Any) -> None:
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        conn.exec_driver_sql(SET_TIMEOUT)
 
 
 @contextmanager

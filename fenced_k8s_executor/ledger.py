@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from fenced_k8s_executor import db, provider_compat
+from fenced_k8s_executor import db, provider_compat, sqlstate
 from fenced_k8s_executor.launch import LaunchIdentity, TaskKey, TaskRow, task_key
 
 log = logging.getLogger("fenced_k8s_executor")
@@ -178,7 +178,7 @@ class InFlightReads:
                 return _rows(cursor, f"{PLAN}EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
         except Exception as error:
             # 26000: no such prepared statement; 42P05: already prepared (a pooler's server connection)
-            code = _sqlstate(error)
+            code = sqlstate.of(error)
             if code not in ("26000", "42P05"):
                 raise
             self._prepare = False
@@ -259,11 +259,6 @@ def _rows(cursor: Any, statement: str, params: dict) -> list:
         while cursor.nextset():
             pass
     return cursor.fetchall()
-
-
-def _sqlstate(error: BaseException) -> str | None:
-    """The PostgreSQL error code of a driver's error (psycopg2: pgcode; psycopg 3: sqlstate)."""
-    return getattr(error, "pgcode", None) or getattr(error, "sqlstate", None)
 
 
 def _key_params(tasks: Iterable[TaskKey], prefix: str = "") -> dict[str, list]:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from fenced_k8s_executor import db, ledger
+from fenced_k8s_executor import db, ledger, sqlstate
 from fenced_k8s_executor.launch import LaunchIdentity
 
 #: Seconds a read may take before the test calls it blocked: several times the largest bound (a
@@ -49,11 +49,6 @@ def _within(seconds: float, **calls) -> dict[str, tuple[bool, object]]:
     for thread in threads.values():
         thread.join(max(0.0, deadline - time.monotonic()))
     return {name: (not thread.is_alive(), outcomes.get(name)) for name, thread in threads.items()}
-
-
-def _sqlstate(error: BaseException) -> str | None:
-    error = getattr(error, "orig", None) or error
-    return getattr(error, "pgcode", None) or getattr(error, "sqlstate", None)
 
 
 def _engine(url: str):
@@ -254,7 +249,7 @@ def test_the_loops_connection_is_pinged_after_an_idle_spell_and_recycled_at_its_
         pg_server.execute(f"SELECT pg_terminate_backend({second})")
         with pytest.raises(Exception) as closed:
             reads.read([], launches)
-        assert _sqlstate(closed.value) in (None, "57P01")  # the server's admin shutdown, or the dropped connection
+        assert sqlstate.of(closed.value) in (None, "57P01")  # the server's admin shutdown, or the dropped connection
         assert reads.read([], launches).changed == {}
         third = _backend_pid(reads)
         assert third not in (first, second)
@@ -307,7 +302,7 @@ def test_a_fence_statement_queued_behind_a_lock_fails_within_its_bound(metadata_
                                run_gate=lambda: run_gate.read_row_token(uuid.uuid4()))
         for name, (finished, outcome) in outcomes.items():
             assert finished, f"the {name} read was still queued behind the lock after {WATCHDOG:.0f} s"
-            assert isinstance(outcome, Exception) and _sqlstate(outcome) == "57014", (name, outcome)
+            assert isinstance(outcome, Exception) and sqlstate.of(outcome) == "57014", (name, outcome)
         assert reads.read([NO_TASK], [_launch()]).rows == {}
         assert ledger.read_rows([NO_TASK]) == {}
         assert run_gate.read_row_token(uuid.uuid4()) is run_gate._MISSING
