@@ -12,10 +12,10 @@ from __future__ import annotations
 import difflib
 import enum
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from fenced_k8s_executor.launch import LABEL_VALUE
 from fenced_k8s_executor.names import CONFIG_SECTION
 
 
@@ -110,12 +110,9 @@ def _parse_number(option: str, raw: str, kind: Callable[[str], Any], low: float,
     return value
 
 
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-
-
 def _parse_deployment_id(raw: str) -> str:
     text = raw.strip()
-    if text and not _LABEL_VALUE.match(text):
+    if text and not LABEL_VALUE.fullmatch(text):
         raise _fail("deployment_id", raw, "empty, or a Kubernetes label value (1-63 of [A-Za-z0-9-_.], alphanumeric ends)")
     return text
 

@@ -38,8 +38,8 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from fenced_k8s_executor import db, sqlstate
-from fenced_k8s_executor.config import _LABEL_VALUE as LABEL_VALUE
 from fenced_k8s_executor.config import FencedConfig, FencedConfigError
+from fenced_k8s_executor.launch import LABEL_VALUE
 from fenced_k8s_executor.names import CONFIG_SECTION
 
 log = logging.getLogger("fenced_k8s_executor")
@@ -167,7 +167,7 @@ def _stored(session: Any) -> Any:
 
 
 def _checked(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not LABEL_VALUE.match(value.strip()):
+    if not isinstance(value, str) or not LABEL_VALUE.fullmatch(value.strip()):
         raise FencedConfigError(
             f"The Airflow Variable {ID_VARIABLE} ({where}) holds {value!r}, which is not a deployment id (a "
             f"Kubernetes label value, 1-63 of [A-Za-z0-9-_.] with alphanumeric ends; an undecryptable value "

@@ -188,8 +188,8 @@ class TaskRow:
 
 #: Airflow's ``ID_LEN``: the longest dag_id, task_id and run_id its columns hold.
 ID_LEN = 250
-#: A Kubernetes label value (the deployment id is one: it is a label too), not empty.
-_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+#: A Kubernetes label value (the deployment id is one: it is a label too), not empty; ``fullmatch`` it.
+LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 #: Airflow 3.4's region of a task outside any (``provider_compat.SENTINEL_REGION``): no region.
 _NO_REGION = str(uuid.UUID(int=0))
 _ABSENT = object()
@@ -248,7 +248,7 @@ def from_pod_metadata(annotations: Any, *, regions: bool = True) -> LaunchIdenti
     deployment = get(DEPLOYMENT_ANNOTATION, _ABSENT)
     if deployment is _ABSENT:
         deployment = None
-    elif not (isinstance(deployment, str) and _LABEL_VALUE.fullmatch(deployment)):
+    elif not (isinstance(deployment, str) and LABEL_VALUE.fullmatch(deployment)):
         deployment = None
         bad.append("deployment is not a Kubernetes label value")
     region = get(REGION_ANNOTATION, "")
