@@ -39,6 +39,14 @@ class CompoundSteps:
         self.pods[name].phase = "Running"
         return self.pods[name]
 
+    def winning_pod(self, data, slot):
+        """``started_pod``, whose worker then calls /run: the pod if it won /run, else None."""
+        pod = self.started_pod(data, slot)
+        if pod is None:
+            return None
+        self.run_worker(pod)
+        return pod if pod.ran == "won" else None
+
     def start_then_supersede(self, data):
         """A current launch's pod starts (its worker boots, no /run yet), then its task is cleared and
         a live scheduler queues it again: a Running pod of a superseded launch before /run."""
@@ -113,11 +121,8 @@ class CompoundSteps:
         with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none) and wins /run; the API "
                        f"answers {slot.name} 500, every watch dropped; the task succeeds, its pod ends; "
                        f"{3 * WAIT:.1f} s pass; the API heals; {WAIT} s pass; {slot.name} loops twice"):
-            pod = self.started_pod(data, slot)
+            pod = self.winning_pod(data, slot)
             if pod is None:
-                return
-            self.run_worker(pod)
-            if pod.ran != "won":
                 return
             slot.faults.setdefault("500", self.env.emulator.add_fault(who=slot.user, **PERSISTENT["500"]))
             self.env.emulator.close_watches()
@@ -138,11 +143,8 @@ class CompoundSteps:
         ok = data.draw(st.booleans(), label="exits 0")
         with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none) and wins /run; user clears "
                        f"its task; the pod ends ({'Succeeded' if ok else 'Failed'}); {slot.name} loops"):
-            pod = self.started_pod(data, slot)
+            pod = self.winning_pod(data, slot)
             if pod is None:
-                return
-            self.run_worker(pod)
-            if pod.ran != "won":
                 return
             self.clear_task(pod.task)
             pod.phase = "Succeeded" if ok else "Failed"

@@ -324,11 +324,8 @@ class Steps:
         slot = self.pick(data)
         with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none), wins /run, reports "
                        f"up_for_retry and goes on finishing; {slot.name} loops"):
-            pod = self.started_pod(data, slot)
-            if pod is None:
-                return
-            self.run_worker(pod)
-            if pod.ran == "won":
+            pod = self.winning_pod(data, slot)
+            if pod is not None:
                 self.finish_worker(pod, ok=False, finishing=True)
                 self.whole_loop(slot)
 
