@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1.7
-# Airflow image with fenced-k8s-executor baked in. The wheel is built first (the README's recipe):
+# Airflow image with fenced-k8s-executor baked in. The wheel is built first (the README's recipe),
+# in the git checkout, so that it records the commit (`airflow fenced-k8s version` prints it):
 #
 #   pip wheel --no-deps . -w dist
 #   docker build --target runtime -t fenced-k8s-executor:runtime .   # runtime image (production base)
@@ -17,9 +18,9 @@
 # Airflow release, change the tag, the pin and the constraints file together (docs/operations.md).
 FROM apache/airflow:3.3.2-python3.11 AS runtime
 USER airflow
-COPY --chown=airflow:0 dist/fenced_k8s_executor-0.2.0-py3-none-any.whl .ci/constraints.txt /tmp/
-RUN pip install --no-cache-dir "apache-airflow==3.3.2" /tmp/fenced_k8s_executor-0.2.0-py3-none-any.whl --constraint /tmp/constraints.txt
-RUN python -c "import fenced_k8s_executor; fenced_k8s_executor.FencedKubernetesExecutor" && rm /tmp/fenced_k8s_executor-0.2.0-py3-none-any.whl /tmp/constraints.txt
+COPY --chown=airflow:0 dist/fenced_k8s_executor-0.3.0-py3-none-any.whl .ci/constraints.txt /tmp/
+RUN pip install --no-cache-dir "apache-airflow==3.3.2" /tmp/fenced_k8s_executor-0.3.0-py3-none-any.whl --constraint /tmp/constraints.txt
+RUN python -c "import fenced_k8s_executor; fenced_k8s_executor.FencedKubernetesExecutor" && rm /tmp/fenced_k8s_executor-0.3.0-py3-none-any.whl /tmp/constraints.txt
 
 # ---------------------------------------------------------------------------------------------
 # Reproduction DAG for the kind scenarios (tests/kind). Baked in (LocalDagBundle at

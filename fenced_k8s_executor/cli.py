@@ -31,18 +31,30 @@ def commands() -> list:
         func=lazy_load_command("fenced_k8s_executor.cli.pods_command"),
         args=(namespace, ARG_OUTPUT),
     )
-    return [GroupCommand(name=GROUP, help="Inspect the fenced KubernetesExecutor's launches", subcommands=(pods,))]
+    return [GroupCommand(name=GROUP, help="Inspect the fenced KubernetesExecutor's launches",
+                         subcommands=(pods, _version_command(ARG_OUTPUT)))]
 
 
-def judge(ref: Any, row: Any, deployment: Any, finished: bool, job: Any = None, collision: bool = False,
-          evidence: str | None = None) -> tuple[str, str, str]:
+def _version_command(output: Any) -> Any:
+    """``airflow fenced-k8s version``: this build (version, commit), Airflow's and the provider's, the
+    executor ``[core] executor`` names and the section's mode (``loaded.version_command``)."""
+    from airflow.cli.cli_config import ActionCommand, lazy_load_command
+
+    return ActionCommand(name="version",
+                         help="Print this build (version, commit), the executor [core] executor names and the mode",
+                         func=lazy_load_command("fenced_k8s_executor.loaded.version_command"), args=(output,))
+
+
+def judge(ref: Any, row: Any, deployment: Any, finished: bool, launched: Any = None) -> tuple[str, str, str]:
     """(standing, what enforce would do, why) for one pod; ``row`` is its task's current row
-    (None: no row), ``deployment`` a ``deployment.Deployment``, ``job`` this database's row of the
-    pod's launcher (``verdicts.JobFact``), ``evidence`` what proves another database launched it."""
+    (None: no row), ``deployment`` a ``deployment.Deployment``, ``launched`` the witness's word on
+    which database launched it (``lineage.Provenance``)."""
     from fenced_k8s_executor import verdicts
+    from fenced_k8s_executor.lineage import Provenance
     from fenced_k8s_executor.metrics import short
 
     launch = ref.launch
+    launched = launched or Provenance.UNSETTLED
     if launch is not None and launch.malformed:
         return f"malformed: {launch.malformed}", KEEP, "its launch identity does not read: never fenced"
     if launch is None or launch.legacy:
@@ -51,11 +63,11 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool, job: Any = None, 
         if launch.deployment and launch.deployment == deployment.address_id:
             return "this deployment (old stamp)", KEEP, "the id builds before 0.2.0 derived from the DB address: left alone"
         return "another deployment's", KEEP, f"stamped {launch.deployment or 'with no deployment'}: never touched"
-    if evidence is not None:
-        return ("launched by another database", KEEP, f"stamped with this deployment's id, but {evidence}: a copy of "
-                "this metadata DB shares the id (collision): never deleted; give one its own deployment_id")
+    if launched is Provenance.ELSEWHERE:
+        return ("launched by another database", KEEP, "stamped with this deployment's id, but its launcher is not a "
+                "scheduler of this database (or one it inherited from its original): never deleted or adopted")
     standing = verdicts.standing(launch, row)
-    verdict = verdicts.should_delete(launch, row, deployment.id, ref.name, job, collision)
+    verdict = verdicts.should_delete(launch, row, deployment.id, ref.name, launched)
     name = {verdicts.Standing.TASK_GONE: "task gone", verdicts.Standing.LEGACY_LAUNCH: "legacy (no task)",
             verdicts.Standing.LEGACY_ROW: "legacy row"}.get(standing, standing.value)
     if ref.deleting:
@@ -67,9 +79,8 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool, job: Any = None, 
                else f"the task's row names launch {short(row.token)} now")
         return name, DELETE, why
     if verdict.reason is verdicts.Reason.FOREIGN:
-        found = verdicts.provenance(launch.launcher, job).value
-        return name, KEEP, (f"this database cannot tell it launched it (launcher {found}): never deleted"
-                            + (" while the collision lasts" if collision else ""))
+        return name, KEEP, ("the witness cannot tell yet whether this database launched it (another database "
+                            "posts under this id, or a scheduler has not been seen writing here): not deleted now")
     return name, KEEP, {verdicts.Standing.CURRENT: "the task's row names this launch",
                         verdicts.Standing.LEGACY_ROW: "the task's row has no token: no evidence",
                         verdicts.Standing.LEGACY_LAUNCH: "the pod names no task"}.get(
@@ -78,16 +89,15 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool, job: Any = None, 
 
 
 def survey(kube_client: Any, namespaces: Iterable[str | None], deployment: Any, *, request_args: dict | None = None,
-           page_size: int = 500) -> list[dict]:
+           page_size: int = 500, view: Any = None) -> list[dict]:
     """One row per executor pod in ``namespaces``: metadata-only lists (all pods, then the
     unfinished ones, which tells the finished apart), one DB read per page of this deployment's
-    pods, and their launchers checked against this database's scheduler jobs (``launchers``): a
-    pod another database launched under this deployment's id is a row of its own."""
-    from fenced_k8s_executor import ledger, pods, sweep
-    from fenced_k8s_executor.launchers import Launchers
+    pods and of their launchers' job rows, judged with the witness's ``view`` (``witness.observe``;
+    None: nothing in doubt is judged this database's)."""
+    from fenced_k8s_executor import ledger, lineage, pods, sweep, witness
     from fenced_k8s_executor.metrics import short
 
-    launchers = Launchers()
+    view = view if view is not None else lineage.View()
     judged = []
     for namespace in namespaces:
         unfinished = {(ref.namespace, ref.name) for page in pods.list_pages(
@@ -98,19 +108,19 @@ def survey(kube_client: Any, namespaces: Iterable[str | None], deployment: Any, 
             ours = [ref for ref in page if ref.launch is not None and ref.launch.task
                     and ref.launch.deployment == deployment.id]
             rows = ledger.read_rows(ref.launch.task for ref in ours) if ours else {}
-            jobs = launchers.facts(ref.launch for ref in ours)
+            jobs = witness.read_jobs({ref.launch.launcher.job_id for ref in ours if ref.launch.launcher})
             for ref in page:
                 launch = ref.launch
                 task = launch.task if launch is not None else None
-                job = jobs.get(launch.launcher.job_id) if launch is not None and launch.launcher else None
-                evidence = launchers.check(launch, deployment.id, job, f"{ref.namespace}/{ref.name}")
-                judged.append((ref, rows.get(task) if task else None, job, evidence,
+                launcher = launch.launcher if launch is not None else None
+                launched = lineage.provenance(launcher, jobs.get(launcher.job_id) if launcher else None, view)
+                judged.append((ref, rows.get(task) if task else None, launched,
                                (ref.namespace, ref.name) not in unfinished))
     out = []
-    for ref, row, job, evidence, finished in judged:  # the collision known once every page is read
+    for ref, row, launched, finished in judged:
         launch = ref.launch
         task = launch.task if launch is not None else None
-        standing, action, why = judge(ref, row, deployment, finished, job, launchers.collision, evidence)
+        standing, action, why = judge(ref, row, deployment, finished, launched)
         out.append({"namespace": ref.namespace, "pod": ref.name,
                     "task": f"{task[0]}.{task[1]} {task[2]}" + (f" [{task[3]}]" if task[3] >= 0 else "")
                     if task else "-",
@@ -181,9 +191,10 @@ def _pods(args: Any) -> None:
     from airflow.providers.cncf.kubernetes.kube_client import get_kube_client
     from airflow.providers.cncf.kubernetes.kube_config import KubeConfig
 
-    from fenced_k8s_executor import config, deployment, guards
+    from fenced_k8s_executor import config, deployment, guards, loaded, witness
 
     fence = config.load(conf)
+    loaded.cli_header(conf, args.output)  # this build, and the executor [core] executor names (issue 54)
     found = deployment.resolve(fence, create=False)  # read-only: a scheduler stores the id
     kube_config = KubeConfig()
     if args.namespace:
@@ -192,8 +203,12 @@ def _pods(args: Any) -> None:
         namespaces = list(kube_config.multi_namespace_mode_namespace_list or [None])
     else:
         namespaces = [kube_config.kube_namespace]
-    rows = survey(get_kube_client(), namespaces, found,
-                  request_args=guards.request_args(kube_config.kube_client_request_args))
+    kube = get_kube_client()
+    args_ = guards.request_args(kube_config.kube_client_request_args)
+    view = witness.observe(kube, kube_config.kube_namespace, found.id, request_args=args_,
+                           interval=conf.getfloat("scheduler", "scheduler_heartbeat_sec", fallback=5.0),
+                           alive_for=conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0))
+    rows = survey(kube, namespaces, found, request_args=args_, view=view)
     table = args.output in ("table", "plain")
     if table:
         where = ", ".join(n or "all namespaces" for n in namespaces)
@@ -204,6 +219,9 @@ def _pods(args: Any) -> None:
         print(f"{len(rows)} pods; enforce would delete {len(deleting)} and keep {len(rows) - len(deleting)}"
               + ("" if fence.enforcing or not deleting else f" (mode {fence.mode.value}: nothing is deleted now)"))
         copies = [r for r in rows if r["standing"] == "launched by another database"]
+        if view.collision or view.copied_at is not None:
+            print("COLLISION: " + witness.collision_line(view, found.id, kube_config.kube_namespace + "/"
+                                                         + witness.lease_name(found.id), None))
         if copies:
-            print(f"COLLISION: {len(copies)} pods stamped with this deployment's id were launched by another database "
-                  f"(a copy of this metadata DB?): give one of the two deployments its own deployment_id")
+            print(f"{len(copies)} pods stamped with this deployment's id were launched by another database: never "
+                  f"deleted or adopted here")

@@ -110,6 +110,20 @@ def _parse_number(option: str, raw: str, kind: Callable[[str], Any], low: float,
     return value
 
 
+#: What YAML 1.1 (Helm's values) reads as a boolean, as Airflow then renders it into airflow.cfg.
+YAML_BOOLEANS = {"false", "true", "no", "yes", "n", "y", "on"}
+
+
+def _mode_refused(raw: str, text: str) -> FencedConfigError:
+    accepted = " | ".join(m.value for m in Mode)
+    if text in YAML_BOOLEANS:  # `mode: off` unquoted in a Helm values file arrives as `mode = false`
+        return FencedConfigError(
+            f"Invalid [{CONFIG_SECTION}] mode = {raw!r}: a YAML boolean, not a mode. An unquoted `mode: off` in a "
+            f"Helm values file (YAML reads off, no and false as false) is rendered as mode = false: quote it, "
+            f'mode: "off"; accepted values: {accepted}')
+    return _fail("mode", raw, accepted)
+
+
 def _parse_deployment_id(raw: str) -> str:
     text = raw.strip()
     if text and not LABEL_VALUE.fullmatch(text):
@@ -217,7 +231,7 @@ def parse(raw: dict[str, str]) -> FencedConfig:
     try:
         mode = Mode(mode_text)
     except ValueError:
-        raise _fail("mode", value["mode"], " | ".join(m.value for m in Mode)) from None
+        raise _mode_refused(value["mode"], mode_text) from None
     metrics_executor_name = value["metrics_executor_name"].strip()
     if not metrics_executor_name.isidentifier():
         raise _fail("metrics_executor_name", value["metrics_executor_name"],

@@ -11,20 +11,34 @@ rest), ``settings.create_metadata_engine`` (which ``airflow_local_settings`` may
 token authentication say) and Airflow's own event handlers (a forked child never uses its
 parent's connections). Connections go back to the pool transactional, whoever returns them.
 
-The bounds, on PostgreSQL through libpq (psycopg2 and psycopg 3); constants, not options, each
-with the ceiling it sets below. A keyword the URL or ``sql_alchemy_connect_args`` already sets is
-left as the operator set it.
+The bounds, on PostgreSQL through libpq (psycopg2 and psycopg 3), each with the ceiling it sets. A
+keyword the URL or ``sql_alchemy_connect_args`` already sets is left as the operator set it, but
+for ``connect_timeout``, which is capped at the fences' (``Bounds``).
 
-- TCP: keepalives and ``tcp_user_timeout`` on every connection, ``connect_timeout`` on every
-  connect. A NAT gateway or load balancer that forgets an idle flow drops its packets without a
-  word; Linux's defaults then retransmit for about 15 minutes before the statement fails.
-- The server: ``SET LOCAL statement_timeout`` inside each statement's own transaction (``BOUND``
-  at the head of a single statement's query string, or the first statement of a
+- The wall clock (``watchdog``): every statement, commit, rollback and pre-ping the fences send,
+  and the exchange that follows a connect (the driver's and SQLAlchemy's first queries), is
+  watched; one that outlives ``Bounds.operation`` has its socket shut down, fails at once with a
+  lost-connection error, and its connection is discarded, never reused. The only bound that holds
+  behind a TCP-terminating pooler (pgbouncer, RDS Proxy) whose server side went silent: there the
+  client's TCP bounds reach the pooler, which answers, and ``statement_timeout`` is the silent
+  server's. The connect itself: libpq's ``connect_timeout`` (per address), which holds behind a
+  pooler waiting for a server connection too.
+- TCP: keepalives and ``tcp_user_timeout`` on every connection. A NAT gateway or load balancer that
+  forgets an idle flow drops its packets without a word; Linux's defaults then retransmit for about
+  15 minutes. These find a dead flow while it is idle (the next checkout's ping then fails at once).
+- The server: ``SET LOCAL statement_timeout`` (``bound()``, below ``Bounds.operation``, so a live
+  server cancels first and the connection stays usable) inside each statement's own transaction
+  (at the head of a single statement's query string, or the first statement of a
   ``bounded_connection`` / ``bounded_session``); never a session-level SET, which a pooler in
   transaction mode would leave on a server connection other clients get.
 - The pool: Airflow's ``pool_pre_ping`` at every checkout, ``pool_recycle`` by age. The loop's
   connection (``HeldConnection``) stays checked out between loops, so it goes back to the pool
   after an idle spell and at the recycle age, and the next checkout applies both.
+
+The bounds follow ``[scheduler] scheduler_health_check_threshold`` (``bounds_for``): one fence use
+(a pooled connection's ping, a reconnect, a statement) takes at most half of it, so that a DB
+gone silent under the fences never makes peers take this scheduler for dead. Below the floors
+(a threshold under 14 s) the floors hold and a warning says so at the pool's build.
 
 For the deployment identity, the guards and any other fence that reads or writes a row:
 ``bounded_session()`` (an ORM session) or ``bounded_connection()`` (Core), each one transaction
@@ -34,6 +48,7 @@ on this pool, committed on exit, rolled back on an error, every statement bounde
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 import time
@@ -41,13 +56,30 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-#: Seconds a connect may take (libpq's ``connect_timeout``, per host): a server that does not
-#: answer costs a loop this much, where the kernel's SYN retries would take about two minutes.
-CONNECT_TIMEOUT = 5
+from fenced_k8s_executor import metrics, watchdog
+
+log = logging.getLogger("fenced_k8s_executor")
+
+#: The shipped bounds, for Airflow's default ``scheduler_health_check_threshold`` of 30 s: seconds
+#: of wall clock one statement, commit, rollback or ping may take (the watchdog's), seconds a
+#: connect may take (libpq's ``connect_timeout``, per address: where the kernel's SYN retries
+#: would take about two minutes).
+OPERATION_BOUND, CONNECT_TIMEOUT = 5.0, 4
+#: The share of ``scheduler_health_check_threshold`` one fence use may take (``Bounds.per_use``):
+#: the rest of the loop and its heartbeat keep the other half.
+THRESHOLD_SHARE = 0.5
+#: What the bounds never go below, however low the threshold: a statement bound a loaded but
+#: healthy server meets, and libpq's least ``connect_timeout`` (it takes 2 for 1).
+OPERATION_FLOOR, CONNECT_FLOOR = 2.5, 2
+#: The server's ``statement_timeout`` as a share of the operation's bound (4 s shipped): the most a
+#: statement queued behind a lock (a migration's ACCESS EXCLUSIVE, say) or a bad plan costs a
+#: loop, cancelled by a live server (SQLSTATE 57014, the connection kept) before the watchdog cuts
+#: it. The loop's statement takes about a millisecond at 3,000 launches in flight
+#: (docs/performance.md).
+STATEMENT_SHARE = 0.8
 #: Milliseconds sent data may stay unacknowledged before the kernel drops the connection (libpq's
-#: ``tcp_user_timeout``, libpq 12+): the most a dead flow costs the one statement sent into it
-#: (the loop then reports a failed check, and the next loop opens a fresh connection). A live path
-#: acknowledges in milliseconds; TCP has retransmitted five times by then.
+#: ``tcp_user_timeout``, libpq 12+): with keepalives, a flow that died while idle is dropped about
+#: 40 s after its last traffic.
 TCP_USER_TIMEOUT_MS = 10_000
 #: Seconds of silence before the kernel probes an idle connection, then the seconds between probes
 #: and their count. Probes every 30 s keep the flow in any NAT or load balancer's table (the
@@ -55,14 +87,6 @@ TCP_USER_TIMEOUT_MS = 10_000
 #: while idle: with ``tcp_user_timeout`` the kernel drops it once a probe has gone unanswered that
 #: long, about 40 s after its last traffic, so the next checkout's ping fails at once.
 KEEPALIVES_IDLE, KEEPALIVES_INTERVAL, KEEPALIVES_COUNT = 30, 10, 3
-#: Milliseconds a fence statement may run in the server: the most a statement queued behind a lock
-#: (a migration's ACCESS EXCLUSIVE, say) or a bad plan costs a loop. The loop's statement takes
-#: about a millisecond at 3,000 launches in flight (docs/performance.md).
-STATEMENT_TIMEOUT_MS = 5_000
-#: Sent at the head of a single statement's query string in autocommit: PostgreSQL runs a string of
-#: several statements in one implicit transaction, so the setting ends with the statement.
-SET_TIMEOUT = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}"
-BOUND = SET_TIMEOUT + "; "
 #: Seconds the loop's connection may sit unused before it goes back to the pool, whose pre-ping
 #: then checks it before the next statement: a server restart, a failover or a pooler's idle
 #: timeout closes it while nothing uses it, and the ping (one round trip per idle spell, not per
@@ -72,8 +96,6 @@ IDLE_SPELL = 10.0
 #: between uses). Busier moments (several executors in one process, an api-server's run gate
 #: under a burst) open more, up to Airflow's ``max_overflow``, closed when given back.
 POOL_SIZE = 2
-#: Seconds a checkout waits for a free connection when ``max_overflow`` is reached.
-POOL_TIMEOUT = 5
 #: libpq keywords only the PostgreSQL drivers built on libpq take.
 LIBPQ_DRIVERS = ("psycopg2", "psycopg")
 
@@ -85,10 +107,42 @@ _BORN = "fenced_k8s_executor.born"  # a DBAPI connection's connect time, in its 
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """The fences' bounds for one ``scheduler_health_check_threshold`` (``bounds_for``)."""
+
+    threshold: float  # seconds: [scheduler] scheduler_health_check_threshold
+    operation: float  # seconds of wall clock one statement, commit, rollback or ping may take
+    connect: int  # seconds a connect may take, per address (libpq's connect_timeout)
+    statement_ms: int  # the server's statement_timeout
+
+    @property
+    def per_use(self) -> float:
+        """The most one fence use takes when the DB goes silent under it: the checkout's ping on
+        a pooled connection, the reconnect that replaces it, and the first statement on that."""
+        return 2 * self.operation + self.connect
+
+    @property
+    def holds(self) -> bool:
+        """Whether a use stays within its share of the threshold."""
+        return self.per_use <= THRESHOLD_SHARE * self.threshold
+
+
+def bounds_for(threshold: float) -> Bounds:
+    """The shipped bounds, scaled down together when one use would take more than its share of
+    ``threshold``, never below the floors."""
+    shipped = Bounds(threshold, OPERATION_BOUND, CONNECT_TIMEOUT, 0)
+    scale = min(1.0, THRESHOLD_SHARE * threshold / shipped.per_use)
+    operation = max(OPERATION_FLOOR, OPERATION_BOUND * scale)
+    return Bounds(threshold, operation, max(CONNECT_FLOOR, int(CONNECT_TIMEOUT * scale)),
+                  int(operation * STATEMENT_SHARE * 1000))
+
+
+@dataclass(frozen=True)
 class _Built:
     airflow: Any  # the airflow.settings.engine it was built from
     engine: Any
     recycle: float  # seconds (-1: never)
+    bounds: Bounds
 
 
 _built: _Built | None = None
@@ -99,6 +153,17 @@ def engine() -> Any:
     """The fences' engine, built on first use from ``airflow.settings.engine`` (again whenever that
     engine is replaced: ``settings.reconfigure_orm``, or a test's)."""
     return _current().engine
+
+
+def bounds() -> Bounds:
+    """The bounds of the fences' engine (built on first use)."""
+    return _current().bounds
+
+
+def bound() -> str:
+    """Sent at the head of a single statement's query string in autocommit: PostgreSQL runs a string
+    of several statements in one implicit transaction, so the setting ends with the statement."""
+    return f"SET LOCAL statement_timeout = {bounds().statement_ms}; "
 
 
 def dispose() -> None:
@@ -133,8 +198,13 @@ def _build(airflow_engine: Any) -> _Built:
     from airflow.configuration import conf
     from airflow.utils.orm_event_handlers import setup_event_handlers
 
+    limits = bounds_for(conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0))
     if airflow_engine.dialect.name == "sqlite":  # no network, and a pool of its own would open another in-memory DB
-        return _Built(airflow_engine, airflow_engine, -1)
+        return _Built(airflow_engine, airflow_engine, -1, limits)
+    if not limits.holds:
+        log.warning("fenced_k8s_executor [scheduler] scheduler_health_check_threshold is %g s: a fence DB use on "
+                    "a silent DB may take up to %g s (its floor), more than half of it; set the threshold to %g s or "
+                    "more", limits.threshold, limits.per_use, limits.per_use / THRESHOLD_SHARE)
     url = airflow_engine.url
     args = settings.prepare_engine_args()  # Airflow's pool settings and the operator's engine arguments
     for key in _NOT_INHERITED:
@@ -143,20 +213,104 @@ def _build(airflow_engine: Any) -> _Built:
     args.setdefault("pool_recycle", conf.getint("database", "sql_alchemy_pool_recycle", fallback=1800))
     args.setdefault("pool_pre_ping", conf.getboolean("database", "sql_alchemy_pool_pre_ping", fallback=True))
     args.setdefault("max_overflow", conf.getint("database", "sql_alchemy_max_overflow", fallback=10))
-    args.update(poolclass=QueuePool, pool_size=POOL_SIZE, pool_timeout=POOL_TIMEOUT,
-                pool_use_lifo=True)  # the most recently used first: the others idle, and are pinged or recycled
+    # A checkout waits for a free connection (``max_overflow`` reached) as long as an operation may
+    # take; the most recently used connection first: the others idle, and are pinged or recycled.
+    args.update(poolclass=QueuePool, pool_size=POOL_SIZE, pool_timeout=limits.operation, pool_use_lifo=True)
     connect_args = dict(settings._get_connect_args("sync"))  # a copy: Airflow's engine keeps its own
-    for key, value in tcp_bounds(airflow_engine.dialect).items():
-        if key not in url.query and key not in connect_args:
-            connect_args[key] = value
+    for key, value in tcp_bounds(airflow_engine.dialect, limits.connect).items():
+        if key == "connect_timeout":  # the operator's when shorter (0: none); connect_args override the URL
+            value = min([value, *(_seconds(given) for given in (url.query.get(key), connect_args.get(key))
+                                  if _seconds(given))])
+        elif key in url.query or key in connect_args:
+            continue
+        connect_args[key] = value
     ours = settings.create_metadata_engine(url.render_as_string(hide_password=False), engine_args=args,
                                            connect_args=connect_args)
     setup_event_handlers(ours)
     event.listen(ours.pool, "connect", _born)
     if ours.dialect.name == "postgresql":
-        event.listen(ours.pool, "checkin", _transactional)
+        event.listen(ours.pool, "checkin", _checkin)
+    if ours.dialect.driver in LIBPQ_DRIVERS:
+        _watch(ours, limits.operation)
     _dispose_in_forked_children()
-    return _Built(airflow_engine, ours, float(args["pool_recycle"]))
+    return _Built(airflow_engine, ours, float(args["pool_recycle"]), limits)
+
+
+def _seconds(value: Any) -> int:
+    try:
+        return max(0, int(str(value[-1] if isinstance(value, (list, tuple)) else value)))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _watch(ours: Any, seconds: float) -> None:
+    """Every DBAPI operation SQLAlchemy runs on ``ours`` under the watchdog (its dialect is the
+    engine's own instance: Airflow's engine is untouched), and the exchange after a connect (the
+    driver's and SQLAlchemy's first queries) until the pool's connect events are done."""
+    from sqlalchemy import event
+
+    dialect = ours.dialect
+    for name in ("do_execute", "do_execute_no_params", "do_executemany"):
+        setattr(dialect, name, _watched(getattr(dialect, name), seconds, "statement", lambda cursor: cursor.connection))
+    for name, what in (("do_commit", "commit"), ("do_rollback", "rollback")):
+        setattr(dialect, name, _watched(getattr(dialect, name), seconds, what, _dbapi))
+    dialect.do_ping = _watched_ping(dialect.do_ping, seconds)
+    dialect.connect = _watched_connect(dialect.connect, seconds)
+    event.listen(ours.pool, "checkout", _refuse_cut)
+
+
+def _dbapi(connection: Any) -> Any:
+    """The DBAPI connection of a pooled one (the pool hands its reset a proxy), or itself."""
+    return getattr(connection, "dbapi_connection", connection)
+
+
+def _watched(operation: Any, seconds: float, what: str, connection_of: Any) -> Any:
+    @functools.wraps(operation)
+    def watched(target: Any, *args: Any, **kwargs: Any) -> Any:
+        watch = watchdog.arm(_dbapi(connection_of(target)), seconds, what)
+        try:
+            return operation(target, *args, **kwargs)
+        finally:
+            watchdog.disarm(watch)  # a cut connection is refused at checkout, invalidated at checkin
+    return watched
+
+
+def _watched_ping(ping: Any, seconds: float) -> Any:
+    @functools.wraps(ping)
+    def watched(dbapi_connection: Any) -> bool:
+        watch = watchdog.arm(_dbapi(dbapi_connection), seconds, "ping")
+        try:
+            alive = ping(dbapi_connection)
+        finally:
+            cut = watchdog.disarm(watch)
+        return alive and not cut  # False: the pool replaces the connection
+    return watched
+
+
+def _count_cut(what: str) -> None:
+    metrics.incr("db.cut", {"operation": what})
+
+
+watchdog.on_cut = _count_cut
+_connecting = threading.local()  # the watch over a new connection's first exchange, in its thread
+
+
+def _watched_connect(connect: Any, seconds: float) -> Any:
+    @functools.wraps(connect)
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        watchdog.disarm(_connecting.__dict__.pop("watch", None))  # a connect whose events failed
+        connection = connect(*args, **kwargs)
+        _connecting.watch = watchdog.arm(connection, seconds, "connect")
+        return connection
+    return watched
+
+
+def _refuse_cut(dbapi: Any, record: Any, proxy: Any) -> None:
+    """A connection the watchdog cut is never handed out: the pool replaces it."""
+    if watchdog.cut(dbapi):
+        from sqlalchemy import exc
+
+        raise exc.DisconnectionError("the fences' watchdog cut this connection")
 
 
 @functools.cache
@@ -172,11 +326,11 @@ def _dispose_in_forked_children() -> None:
         os.register_at_fork(after_in_child=forget)
 
 
-def tcp_bounds(dialect: Any) -> dict[str, int]:
-    """The libpq keywords that bound a connection's TCP flow (none for other drivers)."""
+def tcp_bounds(dialect: Any, connect_timeout: int = CONNECT_TIMEOUT) -> dict[str, int]:
+    """The libpq keywords that bound a connection's connect and TCP flow (none for other drivers)."""
     if dialect.name != "postgresql" or dialect.driver not in LIBPQ_DRIVERS:
         return {}
-    bounds = {"connect_timeout": CONNECT_TIMEOUT, "keepalives": 1, "keepalives_idle": KEEPALIVES_IDLE,
+    bounds = {"connect_timeout": connect_timeout, "keepalives": 1, "keepalives_idle": KEEPALIVES_IDLE,
               "keepalives_interval": KEEPALIVES_INTERVAL, "keepalives_count": KEEPALIVES_COUNT}
     if _libpq_version(dialect.dbapi) >= 120000:  # an older libpq refuses the keyword
         bounds["tcp_user_timeout"] = TCP_USER_TIMEOUT_MS
@@ -191,12 +345,18 @@ def _libpq_version(dbapi: Any) -> int:
 
 
 def _born(dbapi: Any, record: Any) -> None:
+    """The last of the pool's connect events: the new connection's first exchange is done."""
+    watchdog.disarm(_connecting.__dict__.pop("watch", None))  # if it was cut, checkout refuses it
     record.info[_BORN] = time.time()
 
 
-def _transactional(dbapi: Any, record: Any) -> None:
-    """Every connection goes back to the pool out of autocommit, whoever returns it (a reader
-    dropped without ``close``, say): the next checkout may be a transaction's, the sweep's lock."""
+def _checkin(dbapi: Any, record: Any) -> None:
+    """A connection the watchdog cut is closed now. Every other goes back to the pool out of
+    autocommit, whoever returns it (a reader dropped without ``close``, say): the next checkout
+    may be a transaction's, the sweep's lock."""
+    if dbapi is not None and watchdog.cut(dbapi):
+        record.invalidate()
+        return
     if dbapi is None or dbapi.closed or not dbapi.autocommit:
         return
     try:
@@ -207,7 +367,7 @@ def _transactional(dbapi: Any, record: Any) -> None:
 
 def _bound(conn: Any) -> None:
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(SET_TIMEOUT)
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {bounds().statement_ms}")
 
 
 @contextmanager
@@ -235,23 +395,39 @@ def bounded_session() -> Iterator[Any]:
 @contextmanager
 def autocommit() -> Iterator[Any]:
     """One pooled connection (SQLAlchemy's ``PoolProxiedConnection``: ``dbapi_connection``,
-    ``info``) in autocommit, for single statements whose query string starts with ``BOUND``.
-    Invalidated on any error: a connection that failed a statement is not trusted again.
+    ``info``) in autocommit, for single statements whose query string starts with ``bound()``,
+    watched as one operation (``watchdog``). Invalidated on any error, and when the watchdog cut
+    it: a connection that failed a statement is not trusted again.
 
     The DBAPI flag is set directly, as SQLAlchemy's own pre-ping does: its
     ``isolation_level="AUTOCOMMIT"`` would leave the connection with an explicit READ COMMITTED
     level, after which psycopg2 sends ``SET default_transaction_isolation`` at every later switch."""
-    conn = engine().raw_connection()
+    built = _current()
+    conn = built.engine.raw_connection()
+    watch = None
     try:
         conn.dbapi_connection.autocommit = True
+        watch = _arm(built, conn)
         yield conn
     except BaseException as error:
+        watchdog.disarm(watch)
         _discard(conn, error)
         raise
-    conn.close()
+    if watchdog.disarm(watch):
+        _discard(conn, None)
+    else:
+        conn.close()
 
 
-def _discard(conn: Any, error: BaseException) -> None:
+def _arm(built: _Built, conn: Any) -> Any:
+    """The watch over a raw connection's statements (the driver's own cursors: no dialect hook
+    sees them), on the libpq drivers."""
+    if built.engine.dialect.driver not in LIBPQ_DRIVERS:
+        return None
+    return watchdog.arm(conn.dbapi_connection, built.bounds.operation, "statement")
+
+
+def _discard(conn: Any, error: BaseException | None) -> None:
     """Close a connection that failed and give its place back to the pool (the next checkout
     connects anew)."""
     try:
@@ -279,13 +455,19 @@ class HeldConnection:
 
     @contextmanager
     def use(self) -> Iterator[Any]:
+        """The held connection for one read, watched as one operation (``watchdog``)."""
         conn = self._checkout()
+        watch = _arm(self._built, conn)
         try:
             yield conn
         except BaseException as error:
+            watchdog.disarm(watch)
             self._conn = None
             _discard(conn, error)
             raise
+        if watchdog.disarm(watch):
+            self._conn = None
+            _discard(conn, None)
         self._used = time.monotonic()
 
     def close(self) -> None:

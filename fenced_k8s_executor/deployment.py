@@ -18,9 +18,9 @@ In order:
 What the stored id cannot tell apart: two deployments whose databases are copies of one another
 (a restored snapshot, a clone, a ``pg_basebackup``, a ``airflow variables import`` of another
 deployment's Variables) carry the same id. No stored fact can separate them, so ownership is
-checked at run time as well: every pod names the scheduler job that launched it and a heartbeat
-of that job, and a fence deletes a pod only when this database knows that launch
-(``launchers.py``). Set ``deployment_id`` (or delete the Variable) on a copy before it starts.
+checked at run time as well: every pod names the scheduler job that launched it, and a fence
+deletes a pod only when the witness (a Lease beside the pods, ``witness.py``) says a scheduler of
+this database launched it. Set ``deployment_id`` (or delete the Variable) on a copy before it starts.
 
 Errors are classified by SQLSTATE (``sqlstate``): a transient one is retried by the caller (a
 scheduler keeps running with deletes waiting); a deterministic refusal (no privilege on the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -29,14 +30,16 @@ from fenced_k8s_executor.fences.handover import HandoverFence
 from fenced_k8s_executor.fences.inflight import InFlightFence
 from fenced_k8s_executor.guards import ApiGuard
 from fenced_k8s_executor.launch import LaunchIdentity, as_token, pod_name
-from fenced_k8s_executor.launchers import Launchers
 from fenced_k8s_executor.launches import LaunchBook
+from fenced_k8s_executor.lineage import Provenance
+from fenced_k8s_executor.loaded import start_fields
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import TOKEN_LABEL
 from fenced_k8s_executor.in_flight import InFlightPods
 from fenced_k8s_executor.stock_identity import StockMetricIdentity
 from fenced_k8s_executor.sweep import Sweeper
 from fenced_k8s_executor.watching import install_resilient_watchers
+from fenced_k8s_executor.witness import Witness
 
 if TYPE_CHECKING:
     from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import KubernetesJob
@@ -62,8 +65,8 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         self.fence: config.FencedConfig | None = None
         self.deployment: str | None = None
         self._stamps_of_ours: frozenset[str] = frozenset()  # deployment ids our pods carry (verdicts.foreign)
-        self.launchers = Launchers()  # this database's scheduler jobs: which pods it launched (launchers.py)
-        self._launcher = None  # this scheduler's launcher stamp (launch.Launcher), read each heartbeat interval
+        self.witness: Witness | None = None  # which database launched a pod (witness.py), from start()
+        self._loop_began: float | None = None  # when this scheduler loop's sync() began (monotonic)
         self._pod_addresses: dict[str, tuple[str, ...]] = {}  # uid -> IPs of pods whose row names an IP host
         self.sweeper: Sweeper | None = None
         self.in_flight_pods: InFlightPods | None = None  # this deployment's unfinished pods, any scheduler's
@@ -92,7 +95,6 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         from airflow.configuration import conf
 
         self._claim_lifetime = conf.getfloat("scheduler", "task_queued_timeout")
-        self._heartbeat_interval = conf.getfloat("scheduler", "scheduler_heartbeat_sec", fallback=5.0)
         self.deployment = self._resolve_deployment()
         super().start()
         install_resilient_watchers(self.kube_scheduler)
@@ -100,8 +102,9 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
             self._stamp_built_pods()
         if self.deployment is not None:
             self._start_watching()
-        log.info("fenced_k8s_executor started mode=%s sweep_interval=%s deployment=%s", self.fence.mode.value,
-                 self.fence.sweep_interval, self.deployment or "- (the metadata DB did not answer yet)")
+        log.info("fenced_k8s_executor started mode=%s sweep_interval=%s deployment=%s %s", self.fence.mode.value,
+                 self.fence.sweep_interval, self.deployment or "- (the metadata DB did not answer yet)",
+                 start_fields(conf))
 
     def _resolve_deployment(self) -> str | None:
         """This deployment's id (``deployment.resolve``), or None while the metadata DB cannot be read
@@ -127,16 +130,16 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         return found.id
 
     def _start_watching(self) -> None:
-        """The deployment-wide watch of pods in flight and the backstop sweep: both select this
-        deployment's pods by its id."""
+        """The witness, the deployment-wide watch of pods in flight and the backstop sweep: all
+        three are this deployment id's."""
         if not self.fence.fencing:
             return
+        self._start_witness()
         self.in_flight_pods = InFlightPods(self.kube_client, self._namespaces(), self.deployment,
                                            request_args=self.kube_config.kube_client_request_args)
         if not self.in_flight_pods.start(wait=IN_FLIGHT_LIST_WAIT):
             log.warning("fenced_k8s_executor started before this deployment's pods in flight could be listed: "
                         "they are re-checked once the API answers")
-        self._survey_launchers((ref.name, ref.launch) for ref in self.in_flight_pods.view.unsettled())
         if self.fence.sweep_interval > 0:
             self.sweeper = Sweeper(
                 kube_client=self.kube_client,
@@ -147,52 +150,56 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
                 deployment=self.deployment,
                 request_args=self.kube_config.kube_client_request_args,
                 on_stale=lambda ref: self.book.remember(ref.name, ref.launch),
-                launchers=self.launchers,
+                witness=self.witness,
             )
 
-    def _survey_launchers(self, pods_and_launches: Any) -> None:
-        """Look for pods another database launched under this deployment's id before the first
-        loop judges any (``Launchers.survey``); a DB error leaves it to the deletes' own checks."""
-        try:
-            self.launchers.survey(pods_and_launches, self.deployment)
-        except Exception as error:  # noqa: BLE001 - every delete checks its pod's launcher again
-            log.warning("fenced_k8s_executor could not check the launchers of the pods in flight: %r", error)
+    def _start_witness(self) -> None:
+        """Post in the witness (``witness.py``) and wait for the first reading, at most
+        ``IN_FLIGHT_LIST_WAIT``: until it answers, this scheduler judges only pods it launched
+        itself. A missing permission on leases stops the start (``witness.Forbidden``)."""
+        import socket
 
-    def _owned(self, launch: LaunchIdentity | None, pod: str) -> bool | None:
-        """Did this deployment launch the pod (``verdicts.owned`` with this database's scheduler
-        jobs)? None when the jobs could not be read: no evidence, delete nothing now."""
+        from airflow.configuration import conf
+
+        self.witness = Witness(
+            self.kube_client, self.kube_config.kube_namespace, self.deployment, self._scheduler_job_int(),
+            host=socket.getfqdn(), interval=conf.getfloat("scheduler", "scheduler_heartbeat_sec", fallback=5.0),
+            alive_for=conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0),
+            request_args=self._api_args)
+        self.witness.start(wait=IN_FLIGHT_LIST_WAIT)
+
+    def _launched(self, launch: LaunchIdentity | None, pod: str, path: str) -> Provenance | None:
+        """The witness's word on which database launched the pod (``lineage.provenance``); a pod of
+        this deployment launched elsewhere is named once. None when the DB could not be read."""
+        if self.witness is None:
+            return Provenance.UNSETTLED
         try:
-            return self.launchers.owned(launch, self.deployment, pod)
+            launched = self.witness.provenance(launch, self._loop_began)
         except Exception as error:  # noqa: BLE001 - a DB error is never evidence
             log.warning("fenced_k8s_executor could not read the launcher of pod %s, left for a later check: %r",
                         pod, error)
             return None
+        if launched is Provenance.ELSEWHERE and launch is not None and launch.deployment == self.deployment:
+            self.witness.elsewhere(pod, launch, path)
+        return launched
+
+    def _owned(self, launch: LaunchIdentity | None, pod: str, path: str) -> bool | None:
+        """Did this deployment launch the pod (``verdicts.owned`` with the witness's word)? None when
+        the DB could not be read: no evidence, delete nothing now."""
+        launched = self._launched(launch, pod, path)
+        return None if launched is None else verdicts.owned(launch, self.deployment, launched)
 
     def _delete_verdict(self, launch: LaunchIdentity | None, row: Any, pod: str,
-                        addresses: tuple[str, ...] = ()) -> verdicts.Verdict | None:
-        """``verdicts.should_delete`` with this database's facts about the pod's launcher; None when
-        they could not be read (no evidence: nothing is deleted now)."""
+                        addresses: tuple[str, ...] = (), path: str = "reconcile") -> verdicts.Verdict | None:
+        """``verdicts.should_delete`` with the witness's word on the pod's launcher; None when the DB
+        could not be read (no evidence: nothing is deleted now)."""
         stale = verdicts.is_stale(launch, row)
         if not stale.act:
             return stale
-        try:
-            job = self.launchers.job_of(launch)
-            self.launchers.check(launch, self.deployment, job, pod)
-        except Exception as error:  # noqa: BLE001 - a DB error is never evidence
-            log.warning("fenced_k8s_executor could not read the launcher of pod %s, left for a later check: %r",
-                        pod, error)
+        launched = self._launched(launch, pod, path)
+        if launched is None:
             return None
-        return verdicts.should_delete(launch, row, self.deployment, (pod, *addresses), job, self.launchers.collision)
-
-    def _refresh_launcher(self) -> None:
-        """This scheduler's launcher stamp, read again once per heartbeat interval while it creates
-        pods: the fresher the heartbeat a pod names, the sooner a copy of this database stops
-        taking it for its own. A DB error keeps the one before."""
-        try:
-            self._launcher = self.launchers.own(self._scheduler_job_int(), self._heartbeat_interval)
-        except Exception as error:  # noqa: BLE001 - the stamp is ownership evidence, never a gate
-            log.warning("fenced_k8s_executor could not read this scheduler's job row for its launcher stamp: %r",
-                        error)
+        return verdicts.should_delete(launch, row, self.deployment, (pod, *addresses), launched)
 
     def _await_deployment(self) -> None:
         """A deployment id the start could not read: tried again once per loop."""
@@ -205,6 +212,8 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
     def end(self) -> None:
         if self.in_flight_pods is not None:
             self.in_flight_pods.stop()
+        if self.witness is not None:
+            self.witness.stop()
         self._reads.close()
         if self.task_queue is not None:
             for job in self._carry:  # hand unreached jobs back so the provider flushes them
@@ -216,6 +225,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         """Guard, fence, stock: what an API error postponed goes first; the fenced loop (one DB read
         for every fence of the loop, the in-flight reconcile) wraps the provider's sync; an API
         error ends this loop early, never the scheduler."""
+        self._loop_began = time.monotonic()  # the witness reads again at most once a loop (Witness.current)
         self._await_deployment()
         self._resume_postponed()
         with guards.reporting_api_errors("sync"):
@@ -298,7 +308,8 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         workload = workload_of(job.command)
         if workload is None:
             return pod
-        launch = dataclasses.replace(self._launch_of_workload(workload), launcher=self._launcher)
+        launcher = self.witness.launcher if self.witness is not None else None
+        launch = dataclasses.replace(self._launch_of_workload(workload), launcher=launcher)
         program = None
         if self._enforcing and launch.token and self.fence.worker_entrypoint:
             from fenced_k8s_executor import worker
@@ -421,7 +432,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
             return False
         if verdicts.names_host(row, addresses):
             return False  # the row names this pod by its IP: it ran the task and is finishing
-        owned = self._owned(ref.launch, f"{namespace}/{name}")
+        owned = self._owned(ref.launch, f"{namespace}/{name}", path)
         if not owned:
             return owned
         deleted = pods.delete(self.kube_client, ref, self._api_args)
@@ -444,7 +455,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
     def _retire_finished_pod(self, name: str, namespace: str, launch: LaunchIdentity, state: Any) -> None:
         """A finished pod of a stale launch: clean it up exactly as the stock executor would
         (``delete_worker_pods`` / ``delete_worker_pods_on_failure``), if this deployment owns it."""
-        if not self._owned(launch, f"{namespace}/{name}"):
+        if not self._owned(launch, f"{namespace}/{name}", "finished"):
             return
         if self.kube_config.delete_worker_pods:
             if state != FAILED or self.kube_config.delete_worker_pods_on_failure:

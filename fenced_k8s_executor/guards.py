@@ -79,6 +79,11 @@ def coordinates(pod: Any) -> Any:
         return None
 
 
+class NotJudgedYet(Exception):
+    """An adoption listed a pod the witness cannot judge yet: the adoption waits (``_adopt_later``)
+    rather than hand the provider a listing without it, which would reset a task whose pod runs."""
+
+
 @dataclass(frozen=True)
 class _Orphan:
     """What adoption needs of a dead scheduler's TI once its session is gone (what the provider's
@@ -123,6 +128,12 @@ def retry_transient(executor: Any, stock: Callable[[Any, Exception], bool], task
         executor.task_publish_max_retries = configured
 
 
+def _hidden_because(launch: Any, origin: Any, executor: Any) -> str:
+    if verdicts.foreign(launch, executor._stamps_of_ours):
+        return "other_deployment"
+    return "other_database" if origin is verdicts.Provenance.ELSEWHERE else "not_judged_yet"
+
+
 class ApiGuard:
     """Executor mixin (first in the bases): what API errors postpone, kept for the next loop, the
     provider calls no fence overrides, guarded, and the provider's pod listings without other
@@ -150,9 +161,16 @@ class ApiGuard:
             deferred, self._deferred_results = self._deferred_results, []
             for results in deferred:
                 self.result_queue.put(results)
-        if self._pending_adoption and self.kube_client is not None:
+        if self._pending_adoption and self.kube_client is not None and self._witness_ready():
             with reporting_api_errors("adoption"):
                 self._finish_adoption()
+
+    def _witness_ready(self) -> bool:
+        """Whether the witness can judge every live scheduler's pods (``lineage.View.ready``): until
+        then, what adoption would relabel waits (the pods of an original this database may be a
+        copy of look like its own until that scheduler's next heartbeat)."""
+        witness = getattr(self, "witness", None)
+        return witness is None or witness.current().ready
 
     def _postpone(self, results: Any, error: BaseException) -> None:
         report("change_state", error, then=f"pod {results.namespace}/{results.pod_name} retried next loop")
@@ -170,29 +188,36 @@ class ApiGuard:
             self._last_completed_pod_adoption = float("-inf")  # due again on the next loop
 
     def _list_pods(self, query_kwargs: dict) -> list:
-        """Stock's listing, less the pods another deployment launched (``verdicts.hidden_from_provider``):
-        the provider's revoke picks one pod by DAG, task, run and this scheduler's job id, and its
-        adoption relabels pods by a dead scheduler's job id; in a shared namespace both can match
-        another deployment's pods. Hidden only on positive evidence: a pod this database launched,
-        or the very launch a TI being adopted names, stays whatever its deployment stamp says."""
+        """Stock's listing, less the pods another deployment or database launched
+        (``verdicts.hidden_from_provider``): the provider's revoke picks one pod by DAG, task, run and
+        this scheduler's job id, and its adoption relabels pods by a dead scheduler's job id; in a
+        shared namespace both can match another deployment's pods, or the original's pods in a copy
+        of its database. Hidden on the witness's positive evidence; a pod in doubt (the witness
+        cannot judge yet, or the launchers could not be read) is hidden from a revoke, and stops an
+        adoption (``NotJudgedYet``): a pod left out of its listing is a task reset."""
         found = super()._list_pods(query_kwargs)
+        witness = getattr(self, "witness", None)
+        if witness is None:
+            return found
         launches = [from_pod_metadata(pod.metadata.annotations) for pod in found]
         try:
-            jobs = self.launchers.facts(launches)
-        except Exception as error:  # noqa: BLE001 - without the jobs, only the stamps can speak
+            launched, ready = witness.provenances(launches), witness.current().ready
+        except Exception as error:  # noqa: BLE001 - without the jobs, nothing in doubt is handed over
             log.warning("fenced_k8s_executor could not read the launchers of %d listed pods: %r", len(found), error)
-            jobs = {}
+            launched, ready = [verdicts.Provenance.UNSETTLED] * len(found), False
         kept = []
-        for pod, launch in zip(found, launches):
-            job = jobs.get(launch.launcher.job_id) if launch is not None and launch.launcher is not None else None
-            adopting = self._adopting.get(coordinates(pod)) if self._adopting else None
-            if not verdicts.hidden_from_provider(launch, self._stamps_of_ours, self.deployment, job,
-                                                 self.launchers.collision, self.launchers.last_job_id,
-                                                 getattr(adopting, "external_executor_id", None)):
+        for pod, launch, origin in zip(found, launches, launched):
+            if not verdicts.hidden_from_provider(launch, self._stamps_of_ours, origin, ready):
                 kept.append(pod)
                 continue
-            metrics.decision("pod.foreign", path="provider_list", reason="other_deployment", enforced=self._enforcing,
-                             pod=f"{pod.metadata.namespace}/{pod.metadata.name}", deployment=launch.deployment)
+            name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            if self._adopting and self._enforcing and not verdicts.hidden_from_provider(
+                    launch, self._stamps_of_ours, origin, True):
+                raise NotJudgedYet(f"the witness cannot judge pod {name} yet")
+            if origin is verdicts.Provenance.ELSEWHERE and launch.deployment == self.deployment:
+                witness.elsewhere(name, launch, "provider_list")
+            metrics.decision("pod.foreign", path="provider_list", reason=_hidden_because(launch, origin, self),
+                             enforced=self._enforcing, pod=name, deployment=launch.deployment)
             if not self._enforcing:
                 kept.append(pod)
         return kept
@@ -208,10 +233,11 @@ class ApiGuard:
 
     # ---------------------------------------------------------------- adoption
 
-    def _adopt_later(self, tis: Any, failure: BaseException) -> Any:
-        """The dead scheduler's pods could not be listed: no evidence that they are gone, so no
-        TI is reset. They are adopted in the DB (as when their pods were found) and their pods
-        relabelled on the next loops; TIs without a scheduler are reset as the provider does."""
+    def _adopt_later(self, tis: Any, why: BaseException | str) -> Any:
+        """The dead scheduler's pods could not be listed (an API error), or cannot be judged yet
+        (``why``: the witness): no evidence that they are gone, so no TI is reset. They are adopted
+        in the DB (as when their pods were found) and their pods relabelled on the next loops; TIs
+        without a scheduler are reset as the provider does."""
         from fenced_k8s_executor import provider_compat
 
         to_reset = [ti for ti in tis if not ti.queued_by_job_id]
@@ -219,8 +245,29 @@ class ApiGuard:
             if ti.queued_by_job_id and provider_compat.executor_key(self, ti) not in self.running:
                 self._pending_adoption[ti.key] = _Orphan(ti.id, ti.key, ti.external_executor_id,
                                                          int(ti.queued_by_job_id))
-        report("adoption", failure, then=f"{len(self._pending_adoption)} TIs adopted, pods relabelled next loop")
+        then = f"{len(self._pending_adoption)} TIs adopted, pods relabelled next loop"
+        if isinstance(why, str):
+            log.info("fenced_k8s_executor adoption: %s, %s", why, then)
+            self._remember_pods_of({int(ti.queued_by_job_id) for ti in tis if ti.queued_by_job_id})
+        else:
+            report("adoption", why, then=then)
         return to_reset
+
+    def _remember_pods_of(self, job_ids: set[int]) -> None:
+        """The launches of the dead schedulers' pods, from metadata-only lists (what stock's adoption
+        lists), so that their events resolve from memory while their relabelling waits for the
+        witness, instead of a pod read each; an API error leaves them to those reads."""
+        from fenced_k8s_executor import pods
+
+        for job_id in job_ids:
+            selector = f"kubernetes_executor=True,airflow-worker={self._make_safe_label_value(str(job_id))}"
+            try:
+                for namespace in self._namespaces():
+                    for page in pods.list_pages(self.kube_client, namespace, label_selector=selector,
+                                                request_args=self._api_args):
+                        self.book.remember_all((ref.name, ref.launch) for ref in page if ref.launch is not None)
+            except Exception as error:  # noqa: BLE001 - the events read their pods instead
+                log.info("fenced_k8s_executor could not list the pods of scheduler %s: %r", job_id, error)
 
     def _launch_unresolved(self, orphans: list[_Orphan]) -> int:
         """Adopted TIs no pod was found for, once their pods could be listed: those still QUEUED
@@ -252,16 +299,22 @@ class ApiGuard:
         for job_id in sorted({o.queued_by_job_id for o in self._pending_adoption.values()}):
             orphans = {key: o for key, o in self._pending_adoption.items() if o.queued_by_job_id == job_id}
             label = self._make_safe_label_value(str(job_id))
-            query = {
-                "field_selector": "status.phase!=Succeeded",
-                "label_selector": f"kubernetes_executor=True,airflow-worker={label},{POD_EXECUTOR_DONE_KEY}!=True",
-            }
+            # Every phase: a pod that succeeded meanwhile resolves its TI too (the completed-pod
+            # adoption relabels it and reports its end, as for stock).
+            query = {"label_selector": f"kubernetes_executor=True,airflow-worker={label},{POD_EXECUTOR_DONE_KEY}!=True"}
             flush = dict(orphans)
             adopting, self._adopting = self._adopting, dict(orphans)
+            finished = set()
             try:
-                found = self._list_pods(query)
-                for pod in found:
+                for pod in self._list_pods(query):
+                    if getattr(getattr(pod, "status", None), "phase", None) == "Succeeded":
+                        finished.add(coordinates(pod))  # the TI key it names, as _Orphan.key holds it
+                        continue
                     self.adopt_launched_task(self.kube_client, pod, flush)
+            except NotJudgedYet as why:
+                log.info("fenced_k8s_executor adoption: %s, %d pods of scheduler %s relabelled once it can",
+                         why, len(orphans), job_id)
+                return
             except Exception as error:
                 if not is_api_error(error):
                     raise
@@ -271,7 +324,8 @@ class ApiGuard:
                 self._adopting = adopting
             for key in orphans:
                 self._pending_adoption.pop(key, None)
-            unresolved = [o for o in orphans.values() if provider_compat.executor_key(self, o) not in self.running]
+            unresolved = [o for o in orphans.values() if provider_compat.executor_key(self, o) not in self.running
+                          and o.key not in finished]
             launched = self._launch_unresolved(unresolved) if self._enforcing else 0
             if len(unresolved) > launched:
                 metrics.incr("adoption.unresolved", count=len(unresolved) - launched)

@@ -19,7 +19,6 @@ from fenced_k8s_executor.names import (
     DEPLOYMENT_ANNOTATION,
     DEPLOYMENT_LABEL,
     REGION_ANNOTATION,
-    SCHEDULER_HEARTBEAT_ANNOTATION,
     SCHEDULER_JOB_ANNOTATION,
     SCHEDULER_STARTED_ANNOTATION,
     TI_ID_ANNOTATION,
@@ -69,22 +68,20 @@ def task_key(dag_id: str, task_id: str, run_id: str, map_index: int, region: str
 
 @dataclass(frozen=True)
 class Launcher:
-    """The scheduler process that launched a pod: its SchedulerJob id and ``start_date``, and a
-    ``latest_heartbeat`` of that job the DB had committed when the pod was built (aware datetimes).
-    A job id alone does not say which process it was, nor that it was alive then: only a delete
-    needs this, and a pod whose launcher is unknown is never deleted for its launcher's sake."""
+    """The scheduler process that launched a pod: its SchedulerJob id and that job's ``start_date``
+    (aware). A job id alone does not say which process it was (copies of a database allocate the
+    same ids again). ``started`` None: the pod's stamp does not read (never deleted for it).
+    Only a delete asks, and the witness answers (``lineage``, ``witness``)."""
 
     job_id: int
-    started: datetime
-    heartbeat: datetime
+    started: datetime | None
 
     def annotations(self) -> dict[str, str]:
         """Written in UTC. Checked here, where the executor stamps a pod, not at construction: a
         sweep reads a launcher off every pod it lists, and a naive time cannot come from there."""
-        if self.started.utcoffset() is None or self.heartbeat.utcoffset() is None:
+        if self.started is None or self.started.utcoffset() is None:
             raise ValueError("Launcher times must be timezone-aware")
-        return {SCHEDULER_STARTED_ANNOTATION: _utc(self.started).isoformat(),
-                SCHEDULER_HEARTBEAT_ANNOTATION: _utc(self.heartbeat).isoformat()}
+        return {SCHEDULER_STARTED_ANNOTATION: _utc(self.started).isoformat()}
 
 
 @dataclass(frozen=True)
@@ -102,7 +99,7 @@ class LaunchIdentity:
     map_index: int | None = -1  # None: the pod's map_index did not read as one
     deployment: str | None = None
     region: str = ""  # Airflow 3.4 dynamic region ("": none)
-    launcher: Launcher | None = None  # with scheduler_job_id; None: not stamped, or unreadable
+    launcher: Launcher | None = None  # None: not stamped (builds before 0.3.0)
 
     #: Why the pod's identity does not read (its first bad field), or None. Set by
     #: ``from_pod_metadata``, once: identities the executor builds from workloads are trusted.
@@ -271,7 +268,7 @@ def from_pod_metadata(annotations: Any, *, regions: bool = True) -> LaunchIdenti
         map_index=map_index,
         deployment=deployment,
         region=region,
-        launcher=_launcher(job, get(SCHEDULER_STARTED_ANNOTATION), get(SCHEDULER_HEARTBEAT_ANNOTATION)),
+        launcher=_launcher(job, get(SCHEDULER_STARTED_ANNOTATION)),
         malformed=bad[0] if bad else None,
     )
 
@@ -329,14 +326,14 @@ def _id_text(value: object) -> bool:
     return True
 
 
-def _launcher(job: int | None, started: object, heartbeat: object) -> Launcher | None:
-    """The launcher a pod names, or None when any of its three stamps is missing or unreadable
-    (``job``: the scheduler job id, read): never a reason to call the pod malformed (its launch is
-    judged by its token; only deletes need the launcher, and an unknown one is never deleted for)."""
-    if job is None or started is None or heartbeat is None:
+def _launcher(job: int | None, started: object) -> Launcher | None:
+    """The launcher a pod names: None when it names none (no start stamp: builds before 0.3.0), a
+    launcher whose start is None when the stamp does not read (``job``: the scheduler job id,
+    read). Never a reason to call the pod malformed: its launch is judged by its token; only
+    deletes need the launcher, and one that does not read is never deleted for."""
+    if started is None:
         return None
-    began, beat = _stamp(started), _stamp(heartbeat)
-    return Launcher(job, began, beat) if began and beat else None
+    return Launcher(job if job is not None else -1, _stamp(started) if job is not None else None)
 
 
 def _stamp(value: object) -> datetime | None:
@@ -348,8 +345,7 @@ def _stamp(value: object) -> datetime | None:
 
 @functools.lru_cache(maxsize=1024)
 def _parsed_stamp(text: str) -> datetime | None:
-    """Parsed once per string: every pod of one scheduler carries its start, and the pods it built
-    between two heartbeats the same heartbeat."""
+    """Parsed once per string: every pod of one scheduler carries its start."""
     try:
         parsed = datetime.fromisoformat(text)
         if parsed.tzinfo is timezone.utc:  # as ``Launcher.annotations`` writes it

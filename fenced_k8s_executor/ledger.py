@@ -22,7 +22,7 @@ Airflow is ``provider_compat``'s answer (``task_columns``, ``live_attempt``).
 Always a connection of the fences' own pool (``db``; never the scoped session): the executor's
 hooks may run inside the scheduler's own transaction, whose row locks must not be committed or
 released early. On PostgreSQL the statements are constant, with array parameters handed to the
-driver as is, and each is bounded (``db.BOUND``; the connection's TCP bounds are ``db``'s). No
+driver as is, and each is bounded (``db.bound()``; the connection's other bounds are ``db``'s). No
 statement casts text that came from a pod: a region is parsed here (``_region_id``), and text
 that is not a UUID names no row, as a dag_id that names no DAG does.
 """
@@ -46,15 +46,15 @@ DIGEST_ONLY = frozenset("d")
 #: Its name when prepared on a connection (at most once each: the pool record's info says so).
 PREPARED_DIGEST = "fenced_k8s_executor_digest"
 
-#: Sent before every loop statement in the same query string, so in the one implicit transaction
-#: PostgreSQL gives a multi-statement string (the settings end with it, behind a pooler too): the
-#: statement is bounded (``db.BOUND``), and the live set is found through airflow-core's indexes
+#: Sent before every loop statement in the same query string, after ``db.bound()``, so in the one
+#: implicit transaction PostgreSQL gives a multi-statement string (the settings end with it, behind
+#: a pooler too): the statement is bounded, and the live set is found through airflow-core's indexes
 #: on ``state`` (``ti_state``; 3.4's ``ti_current_state``), whatever the statistics say. Right
 #: after a mass update, before autovacuum analyses the table, the planner took a sequential scan
 #: of the whole table (every loop, until the analyse: 5x an idle loop's cost at 1,000 launches); a
 #: plain index scan (not a bitmap one) also marks the dead entries it meets, so only the first loop
 #: after such an update walks them.
-PLAN = db.BOUND + "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; "
+PLANNER = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; "
 #: Statements the reads sent, and the PREPAREs (one per connection) apart: read by the benchmark.
 ROUND_TRIPS = 0
 PREPARES = 0
@@ -172,10 +172,10 @@ class InFlightReads:
             with _cursor(conn.dbapi_connection) as cursor:
                 if not conn.info.get(PREPARED_DIGEST):
                     PREPARES += 1
-                    cursor.execute(f"{db.BOUND}PREPARE {PREPARED_DIGEST}(bigint, text) AS "
+                    cursor.execute(f"{db.bound()}PREPARE {PREPARED_DIGEST}(bigint, text) AS "
                                    + statement.replace("%(count)s", "$1").replace("%(sum)s", "$2"))
                     conn.info[PREPARED_DIGEST] = True
-                return _rows(cursor, f"{PLAN}EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
+                return _rows(cursor, f"{plan()}EXECUTE {PREPARED_DIGEST}(%(count)s, %(sum)s)", params)
         except Exception as error:
             # 26000: no such prepared statement; 42P05: already prepared (a pooler's server connection)
             code = sqlstate.of(error)
@@ -229,7 +229,7 @@ def _read_postgresql_loop(engine: Any, wanted: set, by_key: list, digest: tuple[
 
 
 def _execute(conn: Any, statement: str, params: dict) -> list:
-    """Run one statement, bounded and with the planner settings (``PLAN``), on ``conn``, a pooled
+    """Run one statement, bounded and with the planner settings (``plan()``), on ``conn``, a pooled
     connection in autocommit (``db.autocommit``, ``db.HeldConnection``).
 
     One statement needs no transaction: in autocommit psycopg2 sends no BEGIN and no ROLLBACK (the
@@ -238,12 +238,17 @@ def _execute(conn: Any, statement: str, params: dict) -> list:
     statement and row handling cost as much as the idle loop's query.
     """
     with _cursor(conn.dbapi_connection) as cursor:
-        return _rows(cursor, PLAN + statement, params)
+        return _rows(cursor, plan() + statement, params)
+
+
+def plan() -> str:
+    """What precedes every loop statement in its query string: the bound and ``PLANNER``."""
+    return db.bound() + PLANNER
 
 
 def _cursor(dbapi: Any) -> Any:
     """A cursor that binds parameters in the client, as psycopg2's do: the query string goes whole
-    in PostgreSQL's simple protocol, which takes ``PLAN`` and the statement together. psycopg 3, the
+    in PostgreSQL's simple protocol, which takes ``plan()`` and the statement together. psycopg 3, the
     driver SQLAlchemy 2.1 picks for a plain ``postgresql://`` URL (what the official chart writes),
     binds on the server, where PostgreSQL refuses two commands in one statement."""
     psycopg = sys.modules.get("psycopg")

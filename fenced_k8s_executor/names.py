@@ -26,10 +26,11 @@ TI_ID_LABEL = _PREFIX + "ti-id"
 #: Which Airflow deployment (metadata DB) launched the pod: the fences only ever delete their own.
 DEPLOYMENT_ANNOTATION = _PREFIX + "deployment"
 DEPLOYMENT_LABEL = _PREFIX + "deployment"
-#: The launching scheduler's SchedulerJob start_date, and a latest_heartbeat of it the DB had
-#: committed when the pod was built (ISO 8601, UTC): with the job id, who launched the pod and when.
+#: The launching scheduler's SchedulerJob start_date (ISO 8601, UTC): with the job id, which
+#: scheduler process launched the pod (job ids repeat across copies of a database, starts do not).
 SCHEDULER_STARTED_ANNOTATION = _PREFIX + "scheduler-started"
-SCHEDULER_HEARTBEAT_ANNOTATION = _PREFIX + "scheduler-heartbeat"
+#: The witness Lease's annotations, one per scheduler process: ``job.<job id>.<start>``.
+WITNESS_ENTRY_PREFIX = _PREFIX + "job."
 
 #: Extra claim minted into the workload JWT (the launch gate).
 LAUNCH_CLAIM = "fenced_launch"

@@ -209,10 +209,11 @@ class FencedRunGatePlugin(AirflowPlugin):
     plugins, so the setting is read at instantiation (plugin load), not at import.
 
     An invalid ``[fenced_kubernetes_executor]`` value, an option it does not know or a variable or
-    section named close to it (``config.load``) stops the process that loads plugins (the
-    api-server first of all), naming each and what was meant: a plugin that merely fails to load
-    is logged by Airflow, which then serves without the gate, healthy and gate-less.
-    ``SystemExit`` is the one exception the plugin manager does not catch.
+    section named close to it (``config.load``) stops the api-server and the scheduler of a
+    deployment whose ``[core] executor`` is the fenced executor, naming each and what was meant
+    (``SystemExit``, the one exception the plugin manager does not catch: a plugin that merely failed
+    to load would leave the api-server healthy and gate-less). Every other process that loads
+    plugins logs one warning and goes on without the gate (``loaded.plugin_load``).
     """
 
     name = "fenced_run_gate"
@@ -220,10 +221,7 @@ class FencedRunGatePlugin(AirflowPlugin):
     def __init__(self) -> None:
         from airflow.configuration import conf
 
-        from fenced_k8s_executor import config
+        from fenced_k8s_executor import loaded
 
-        try:
-            fence = config.load(conf)
-        except config.FencedConfigError as error:
-            raise SystemExit(f"fenced_k8s_executor: {error}") from None
-        self.fastapi_root_middlewares = root_middlewares(fence.run_gate)
+        fence = loaded.plugin_load(conf)
+        self.fastapi_root_middlewares = root_middlewares(fence is not None and fence.run_gate)

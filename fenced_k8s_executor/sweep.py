@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from fenced_k8s_executor import guards, ledger, metrics, pods, verdicts
-from fenced_k8s_executor.launchers import Launchers
+from fenced_k8s_executor.lineage import Provenance
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import DEPLOYMENT_LABEL, TOKEN_LABEL
 
@@ -43,7 +43,7 @@ class SweepReport:
     pods_seen: int = 0
     db_queries: int = 0
     stale: int = 0
-    collisions: int = 0  # pods another database launched under this deployment's id
+    elsewhere: int = 0  # stale pods of this deployment another database launched (never deleted)
     deleted: int = 0
     skipped: str | None = None
     seconds: float = 0.0
@@ -66,7 +66,7 @@ class Sweeper:
         read_rows: Callable = ledger.read_rows,
         lock: Callable[[], Any] | None = None,
         on_stale: Callable[[pods.PodRef], None] | None = None,
-        launchers: Launchers | None = None,
+        witness: Any = None,
     ):
         self.kube_client = kube_client
         self.namespaces = list(namespaces)
@@ -78,7 +78,7 @@ class Sweeper:
         self._read_rows = read_rows
         self._lock = lock if lock is not None else advisory_lock
         self._on_stale = on_stale
-        self.launchers = launchers if launchers is not None else Launchers()
+        self.witness = witness  # witness.Witness: which database launched a pod (None: none judged ours)
         self._thread: threading.Thread | None = None
         self._counting = threading.Lock()
         self._next_due = time.monotonic() + interval
@@ -140,18 +140,16 @@ class Sweeper:
                 continue
             rows = self._read_rows(ref.launch.task for ref in candidates)
             report.db_queries += 1
-            jobs = self.launchers.facts(ref.launch for ref in candidates)
-            collision = self.launchers.collision
-            for ref in candidates:
+            launched = self._launched(candidates)
+            for ref, origin in zip(candidates, launched):
                 row = rows.get(ref.launch.task)
-                job = jobs.get(ref.launch.launcher.job_id) if ref.launch.launcher is not None else None
-                if self.launchers.check(ref.launch, self.deployment, job, f"{ref.namespace}/{ref.name}"):
-                    report.collisions += 1
-                    collision = True
-                verdict = verdicts.should_delete(ref.launch, row, self.deployment, ref.name, job, collision)
+                verdict = verdicts.should_delete(ref.launch, row, self.deployment, ref.name, origin)
                 if verdict.act and verdicts.host_unresolved(row, ref.name):
-                    verdict = self._judge_by_address(ref, row, job, collision)
+                    verdict = self._judge_by_address(ref, row, origin)
                 if not verdict.act:
+                    if verdict.reason is verdicts.Reason.FOREIGN and origin is Provenance.ELSEWHERE:
+                        report.elsewhere += 1
+                        self.witness.elsewhere(f"{ref.namespace}/{ref.name}", ref.launch, "sweep")
                     continue
                 report.stale += 1
                 if self._on_stale is not None:
@@ -162,7 +160,13 @@ class Sweeper:
                 else:
                     deletes.submit(ref, decided)
 
-    def _judge_by_address(self, ref: pods.PodRef, row: Any, job: Any, collision: bool) -> verdicts.Verdict:
+    def _launched(self, candidates: list[pods.PodRef]) -> list[Provenance]:
+        """The witness's word on each candidate's launcher (one statement for jobs it has not read)."""
+        if self.witness is None:
+            return [Provenance.UNSETTLED] * len(candidates)
+        return self.witness.provenances([ref.launch for ref in candidates])
+
+    def _judge_by_address(self, ref: pods.PodRef, row: Any, origin: Provenance) -> verdicts.Verdict:
         """The row names a host that is not the pod's name (a ``hostname_callable`` reporting IPs):
         judge again with the pod's IPs. An API error keeps the pod (no evidence)."""
         try:
@@ -172,7 +176,7 @@ class Sweeper:
             return verdicts.Verdict(False, False, verdicts.Reason.RUNS_THE_TASK)
         if found is None or found[0].uid != ref.uid:
             return verdicts.Verdict(False, False, verdicts.Reason.SUPERSEDED)  # gone, or another object now
-        return verdicts.should_delete(ref.launch, row, self.deployment, (ref.name, *found[1]), job, collision)
+        return verdicts.should_delete(ref.launch, row, self.deployment, (ref.name, *found[1]), origin)
 
     def _decided(self, report: SweepReport, ref: pods.PodRef, reason: str, row: Any, deleted: bool | None) -> None:
         """One stale pod's outcome (in a delete worker when enforcing): count it, metric and log."""

@@ -7,17 +7,17 @@ the same launch whatever its id (RESTARTING after a clear, a task that reported 
 Only positive evidence makes a launch stale: the row names another token, or the task has no row
 at all. Legacy launches (no token) and legacy rows (no token to compare) are never fenced: they
 get exactly the stock executor's treatment. Deleting needs one more fact: the pod was launched by
-this deployment. Tables: docs/design.md.
+this deployment (its stamp) and this database (``lineage.provenance``). Tables: docs/design.md.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Sequence
 
-from fenced_k8s_executor.launch import Launcher, LaunchIdentity, TaskRow, as_token
+from fenced_k8s_executor.launch import LaunchIdentity, TaskRow, as_token
+from fenced_k8s_executor.lineage import Provenance
 
 QUEUED = "queued"
 
@@ -46,75 +46,12 @@ def standing(launch: LaunchIdentity | None, row: TaskRow | None) -> Standing:
     return Standing.CURRENT if row.token == as_token(launch.token) else Standing.SUPERSEDED
 
 
-class Provenance(str, enum.Enum):
-    """Whether this database launched a pod, from the launcher the pod names (``launch.Launcher``)
-    and this database's row of that scheduler job (``JobFact``)."""
-
-    HERE = "here"  # this DB's job of that id started then and has seen that heartbeat
-    UNSTAMPED = "unstamped"  # no launcher on the pod (builds before 0.3.0, or an unreadable stamp)
-    OTHER_JOB = "other_job"  # this DB's job of that id started at another time: another process
-    NOT_SEEN = "not_seen"  # this DB's job never had that heartbeat: another DB's (or writes a failover lost)
-    UNKNOWN_JOB = "unknown_job"  # this DB has no job of that id (another DB's, or purged by ``airflow db clean``)
-
-
-@dataclass(frozen=True)
-class JobFact:
-    """A scheduler job as this database holds it (``job`` table): what ``provenance`` compares."""
-
-    started: datetime | None
-    heartbeat: datetime | None  # latest_heartbeat
-    alive: bool  # airflow-core's own ``Job.is_alive()`` when the row was read
-
-
-def provenance(launcher: Launcher | None, job: JobFact | None) -> Provenance:
-    """Did this database launch the pod whose launcher is ``launcher``? ``job`` is this database's
-    row of ``launcher.job_id`` (None: no such row). Heartbeats only move forward in the database
-    the launcher wrote them to; a copy made earlier stopped before the heartbeat a later pod names."""
-    if launcher is None:
-        return Provenance.UNSTAMPED
-    if job is None:
-        return Provenance.UNKNOWN_JOB
-    if job.started != launcher.started:
-        return Provenance.OTHER_JOB
-    if job.heartbeat is None or job.heartbeat < launcher.heartbeat:
-        return Provenance.NOT_SEEN
-    return Provenance.HERE
-
-
-def owned(launch: LaunchIdentity | None, deployment: str | None, job: JobFact | None = None,
-          collision: bool = False) -> bool:
+def owned(launch: LaunchIdentity | None, deployment: str | None, launched: Provenance) -> bool:
     """True when this deployment launched the pod: the only pods a fence may delete. The pod carries
-    this deployment's stamp, and this database knows its launcher (``provenance`` HERE); a pod
-    without a launcher stamp (builds before 0.3.0) counts on its stamp alone, except while another
-    database is seen launching under this deployment's id (``collision``), when nothing is deleted
-    but what a scheduler alive in this database launched."""
-    if launch is None or not deployment or launch.deployment != deployment:
-        return False
-    found = provenance(launch.launcher, job)
-    if found is Provenance.UNSTAMPED:
-        return not collision
-    return found is Provenance.HERE and (not collision or job.alive)
-
-
-def collision_evidence(launch: LaunchIdentity | None, deployment: str | None, job: JobFact | None,
-                       last_job_id: int | None) -> str | None:
-    """Why a pod stamped with this deployment's id proves that another database launches under it,
-    or None. ``last_job_id``: the highest job id this database has allocated. Only what no event in
-    this database can produce counts: a job of that id that started at another time; a job that is
-    not alive here and never had the heartbeat the pod names; a job id this database has not
-    allocated yet. (A job alive here but behind the pod's heartbeat is a write a failover lost, or
-    a read that raced the heartbeat: no evidence.)"""
-    if launch is None or launch.launcher is None or not deployment or launch.deployment != deployment:
-        return None
-    launcher = launch.launcher
-    found = provenance(launcher, job)
-    if found is Provenance.OTHER_JOB:
-        return f"scheduler job {launcher.job_id} of this database started at another time"
-    if found is Provenance.NOT_SEEN and not job.alive:
-        return f"scheduler job {launcher.job_id} stopped here before the heartbeat this pod names"
-    if found is Provenance.UNKNOWN_JOB and last_job_id is not None and launcher.job_id > last_job_id:
-        return f"scheduler job {launcher.job_id} is beyond this database's jobs"
-    return None
+    this deployment's stamp, and the witness says a scheduler of this database launched it
+    (``launched``, ``lineage.provenance``: HERE)."""
+    return bool(launch is not None and deployment and launch.deployment == deployment
+                and launched is Provenance.HERE)
 
 
 def foreign(launch: LaunchIdentity | None, ours: frozenset[str]) -> bool:
@@ -126,25 +63,19 @@ def foreign(launch: LaunchIdentity | None, ours: frozenset[str]) -> bool:
     return bool(launch is not None and launch.deployment and ours and launch.deployment not in ours)
 
 
-def hidden_from_provider(launch: LaunchIdentity | None, ours: frozenset[str], deployment: str | None,
-                         job: JobFact | None, collision: bool, last_job_id: int | None = None,
-                         adopting_token: str | None = None) -> bool:
+def hidden_from_provider(launch: LaunchIdentity | None, ours: frozenset[str], launched: Provenance,
+                         ready: bool) -> bool:
     """Leave this pod out of the provider's listings (its adoption relabels pods by a dead
     scheduler's job id, its revoke deletes one by coordinates): only on positive evidence that
-    another deployment launched it, never because its stamp is old. A pod this database launched
-    (``provenance`` HERE), or the very launch the TI being adopted names (``adopting_token``), is
-    ours whatever its stamp: an id that changed (set by an operator, or an upgrade) never costs a
-    running task. Otherwise a stamp of another deployment hides it, and so does, while another
-    database launches under this deployment's id, the evidence of that (``collision_evidence``)."""
-    if launch is None:
-        return False
-    if provenance(launch.launcher, job) is Provenance.HERE:
-        return False
-    if adopting_token is not None and launch.token == as_token(adopting_token):
-        return False
-    if foreign(launch, ours):
-        return True
-    return collision and collision_evidence(launch, deployment, job, last_job_id) is not None
+    another deployment or database launched it, never because its stamp is old. A pod this database
+    launched (``launched`` HERE) is ours whatever its stamp: an id that changed (set by an operator,
+    or an upgrade) never costs a running task. Otherwise a stamp of another deployment hides it, and
+    so does the witness's word that another database launched it (ELSEWHERE; a TI of this database
+    that names the pod's token is no evidence: a copy's rows name the original's launches). While
+    the witness cannot judge yet (not ``ready``) nothing in doubt is handed to the provider."""
+    if launch is None or (launched is Provenance.HERE and launch.launcher is not None):
+        return False  # a scheduler of this database launched it (a pod without a launcher: its stamp decides)
+    return foreign(launch, ours) or launched is Provenance.ELSEWHERE or not ready
 
 
 class Reason(str, enum.Enum):
@@ -211,12 +142,12 @@ def is_stale(launch: LaunchIdentity | None, row: TaskRow | None) -> Verdict:
 
 
 def should_delete(launch: LaunchIdentity | None, row: TaskRow | None, deployment: str | None,
-                  pod: str | Sequence[str] | None = None, job: JobFact | None = None,
-                  collision: bool = False) -> Verdict:
+                  pod: str | Sequence[str] | None = None,
+                  launched: Provenance = Provenance.UNSETTLED) -> Verdict:
     """Reconcile, post-create re-check and sweep: ``act`` = delete the (unfinished) pod ``pod``
     (its name, and its IPs where known: the addresses a ``hostname_callable`` may report).
 
-    Stale, launched by this deployment (``owned``: ``job`` is this database's row of the pod's
+    Stale, launched by this deployment (``owned``: ``launched`` is the witness's word on the pod's
     launcher), and not the pod the task's row names as its host: a pod that ran the task keeps
     that until the next launch's ``/run``, and is left to finish as stock leaves it (a finishing
     try's log upload and callbacks). Whoever created the pod does not decide whether it is
@@ -225,7 +156,7 @@ def should_delete(launch: LaunchIdentity | None, row: TaskRow | None, deployment
     verdict = is_stale(launch, row)
     if not verdict.act:
         return verdict
-    if not owned(launch, deployment, job, collision):
+    if not owned(launch, deployment, launched):
         return _FOREIGN
     if names_host(row, pod):
         return _HOST

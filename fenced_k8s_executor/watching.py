@@ -47,6 +47,11 @@ from fenced_k8s_executor import guards, metrics, provider_compat
 log = logging.getLogger("fenced_k8s_executor")
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+#: Where a finished pod's uid travels from the watcher to the scheduler, beside the task
+#: annotations the provider hands over (never written to a pod).
+UID_KEY = "fenced-k8s-executor/pod-uid"
+#: Finished pods whose uid is remembered until their delete (more wait only after an API outage).
+UIDS_MAX = 10_000
 RELIST_PAGE_SIZE = 500
 #: Seconds between attempts after an API error (doubling up to the maximum). The maximum bounds
 #: how late events come once the API answers again: the stock watcher dies on an error and is
@@ -142,10 +147,21 @@ class ResilientJobWatcher(KubernetesJobWatcher):
     def process_status(self, pod_name: str, namespace: str, status: str, annotations: dict, resource_version: str,
                        event: Any) -> None:
         key = (namespace, pod_name)
+        repeat = _repeated_end(self._seen.get(key), status, event)
         if event["type"] == "DELETED":
             self._seen.pop(key, None)
         else:
             self._seen[key] = _Seen(resource_version, event["object"], status)
+        if repeat:
+            # The deletion of a finished pod whose end this watcher already reported: the provider
+            # would report that end again for each of the deletion's two events (its first write
+            # and DELETED), and the executor send a delete for each, answered 404
+            # (apache/airflow#72803). The first report stays queued, and retried, until handled.
+            metrics.incr("watcher.repeat_skipped")
+            return
+        uid = getattr(getattr(event.get("object"), "metadata", None), "uid", None)
+        if status in TERMINAL_PHASES and uid and isinstance(annotations, dict):
+            annotations = {**annotations, UID_KEY: uid}  # for the delete's precondition (``install_uid_deletes``)
         super().process_status(pod_name, namespace, status, annotations, resource_version, event)
 
     # ---------------------------------------------------------------- errors
@@ -252,6 +268,17 @@ class ResilientJobWatcher(KubernetesJobWatcher):
         return final
 
 
+def _repeated_end(seen: _Seen | None, status: str, event: Any) -> bool:
+    """An event of a pod being deleted (a deletion timestamp, or DELETED) that reports the same
+    terminal phase this watcher already handed over for the same pod object: nothing new."""
+    meta = getattr(event.get("object"), "metadata", None)
+    if seen is None or status not in TERMINAL_PHASES or seen.phase != status or meta is None:
+        return False
+    if not getattr(meta, "deletion_timestamp", None):
+        return False  # a DELETED without one is the pod leaving the selector: the provider's ADOPTED
+    return getattr(getattr(seen.pod, "metadata", None), "uid", None) == getattr(meta, "uid", None)
+
+
 def _event(kind: str, pod: Any, sanitize: Any) -> dict:
     return {"type": kind, "object": pod, "raw_object": sanitize(pod)}
 
@@ -272,12 +299,62 @@ def _make_resilient_watcher(self: Any, namespace: str) -> ResilientJobWatcher:
     return watcher
 
 
+def install_uid_deletes(kube_scheduler: Any) -> None:
+    """The provider deletes a finished pod by name; wrapped here so that the delete carries the uid
+    of the pod object whose end the watcher reported (``UID_KEY``), as every delete of the fences
+    does: a newer object under the same name is never deleted for its predecessor's end. The
+    provider's own ``delete_pod`` sends it (its options, metrics and 404 handling), with the uid
+    among the delete options; its 409 (the name holds another object now) is the end of it."""
+    from collections import OrderedDict
+
+    from kubernetes.client import V1Preconditions
+
+    if getattr(kube_scheduler, "_fenced_uid_deletes", False):
+        return
+    record, delete = kube_scheduler.process_watcher_task, kube_scheduler.delete_pod
+    uids: OrderedDict = OrderedDict()
+
+    def process_watcher_task(task: Any) -> None:
+        uid = task.annotations.get(UID_KEY) if isinstance(task.annotations, dict) else None
+        if uid:
+            uids[(task.namespace, task.pod_name)] = uid
+            uids.move_to_end((task.namespace, task.pod_name))
+            while len(uids) > UIDS_MAX:  # the oldest is deleted by name, as stock deletes it
+                uids.popitem(last=False)
+        record(task)
+
+    def delete_pod(pod_name: str, namespace: str) -> None:
+        uid = uids.get((namespace, pod_name))
+        if uid is None:
+            return delete(pod_name=pod_name, namespace=namespace)
+        config = kube_scheduler.kube_config
+        configured = config.delete_option_kwargs
+        config.delete_option_kwargs = {**(configured or {}), "preconditions": V1Preconditions(uid=uid)}
+        try:
+            delete(pod_name=pod_name, namespace=namespace)
+        except ApiException as error:
+            if error.status != 409:
+                raise  # kept for the retry (the provider's, or the fences' next loop)
+            metrics.incr("pod.kept", {"path": "finished", "reason": "name_reused"})
+            log.info("fenced_k8s_executor pod %s/%s not deleted: the name holds another object now", namespace,
+                     pod_name)
+        finally:
+            config.delete_option_kwargs = configured
+        uids.pop((namespace, pod_name), None)
+
+    kube_scheduler.process_watcher_task = process_watcher_task
+    kube_scheduler.delete_pod = delete_pod
+    kube_scheduler._fenced_uid_deletes = True
+
+
 def install_resilient_watchers(kube_scheduler: Any) -> None:
     """Bind the watcher factory on this kube scheduler and replace the provider's watchers it
-    has just started (their events already queued stay queued)."""
+    has just started (their events already queued stay queued); finished pods' deletes carry
+    their uid (``install_uid_deletes``)."""
     watchers = getattr(kube_scheduler, "kube_watchers", None)
     if not isinstance(watchers, dict):  # no kube scheduler (or a test double): nothing to replace
         return
+    install_uid_deletes(kube_scheduler)
     kube_scheduler._make_kube_watcher = MethodType(_make_resilient_watcher, kube_scheduler)
     for namespace, old in list(kube_scheduler.kube_watchers.items()):
         if isinstance(old, ResilientJobWatcher) or not isinstance(old, KubernetesJobWatcher):

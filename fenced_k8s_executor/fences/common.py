@@ -13,7 +13,7 @@ QUEUED = TaskInstanceState.QUEUED
 RUNNING = TaskInstanceState.RUNNING
 FAILED = TaskInstanceState.FAILED
 
-__all__ = ["ADOPTED", "FAILED", "QUEUED", "RUNNING", "Loop", "workload_of"]
+__all__ = ["ADOPTED", "FAILED", "QUEUED", "RUNNING", "Loop", "TaskInstanceState", "workload_of"]
 
 
 def workload_of(command: Any) -> Any:
@@ -40,3 +40,4 @@ class Loop:
     precreate: dict = field(default_factory=dict)  # id(job) -> (launch, pre-creation verdict)
     publish_failed: set = field(default_factory=set)  # id(job) of creations that did not go through
     state_verdicts: dict = field(default_factory=dict)  # id(result) -> (launch, verdict, row)
+    handling: tuple | None = None  # (key, row) of the result the provider's _change_state is handling

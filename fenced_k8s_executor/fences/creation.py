@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from fenced_k8s_executor import batches, guards, ledger, metrics, pods, verdicts
 from fenced_k8s_executor.launch import LaunchIdentity
+from fenced_k8s_executor.lineage import Provenance
 from fenced_k8s_executor.metrics import short
 
 if TYPE_CHECKING:
@@ -62,8 +63,6 @@ class CreationFence:
             return
         launches = {id(job): self._launch_of_job(job) for job in jobs}
         tasks = {launch.task for launch in launches.values() if launch is not None}
-        if tasks:
-            self._refresh_launcher()
         try:
             with metrics.timed("fence_check.duration", path="pre_create"):
                 rows = self._rows_for(tasks)
@@ -166,8 +165,9 @@ class CreationFence:
 
         Our own earlier, timed-out create (a3): it is this launch's pod, done. Another scheduler's
         (a woken scheduler whose create lost to the adopter of the launch): watched here only if the
-        row says this scheduler holds the launch (``_take_over_if_ours``); otherwise the job is
-        discarded as the pre-creation check would have discarded it, which frees its slot. None:
+        row says this scheduler holds the launch (``_holds_launch``) and the witness says this
+        database launched it; otherwise the job is discarded as the pre-creation check would have
+        discarded it, which frees its slot (another database's pod is never relabelled). None:
         not this launch's pod (the provider's rules apply). Could not read the pod: re-queued."""
         launch = self._launch_of_job(task)
         name, namespace = self._pod_location(task)
@@ -185,12 +185,27 @@ class CreationFence:
             return False
         if ref.launch is None or ref.launch.token != launch.token:
             return None
-        if ref.launch.scheduler_job_id != str(self.scheduler_job_id) and not self._take_over_if_ours(
-                name, namespace, launch):
+        mine = self.witness.launcher if self.witness is not None else None
+        own = ref.launch.scheduler_job_id == str(self.scheduler_job_id) and ref.launch.launcher == mine
+        launched = Provenance.HERE if own else self._launched(ref.launch, f"{namespace}/{name}", "pre_create")
+        take_over = False if own or launched is Provenance.ELSEWHERE else self._holds_launch(name, namespace, launch)
+        if take_over and launched is not Provenance.HERE:
+            # The row gives this scheduler the launch, but the witness cannot tell yet whether this
+            # database launched the pod (or the DB did not answer): neither relabelled nor dropped;
+            # the job comes back next loop.
+            self._loop.publish_failed.add(id(task))
+            self.task_queue.put(task)
+            return False
+        if take_over:
+            self._relabel(name, namespace)
+        elif not own:
+            # A peer's pod of this launch (its creator watches it), or another database's (the
+            # original's, when this database is a copy that adopted the launch): never relabelled.
             self._loop.publish_failed.add(id(task))
             self.task_publish_retries.pop(task.key, None)
             self._discard_stale_pod_creation_task(task)
-            metrics.decision("launch.dropped", path="pre_create", reason="created_by_peer", enforced=True,
+            metrics.decision("launch.dropped", path="pre_create", enforced=True,
+                             reason="created_elsewhere" if launched is Provenance.ELSEWHERE else "created_by_peer",
                              ti=launch.ti_id, try_number=launch.try_number, launch=short(launch.token))
             return False
         self.task_publish_retries.pop(task.key, None)
@@ -198,22 +213,21 @@ class CreationFence:
                          ti=launch.ti_id, launch=short(launch.token))
         return False
 
-    def _take_over_if_ours(self, name: str, namespace: str, launch: LaunchIdentity) -> bool:
-        """The pod of this very launch was created by another scheduler (a woken scheduler's
-        create raced this one's, after this one adopted the launch). If the task's row names
-        this scheduler, watch the pod here, as adoption would, and say True; otherwise its
-        creator watches it (False)."""
+    def _holds_launch(self, name: str, namespace: str, launch: LaunchIdentity) -> bool:
+        """The pod of this very launch was created by another scheduler (a woken scheduler's create
+        raced this one's, after this one adopted the launch): whether the task's row names this
+        scheduler, which then watches the pod here, as adoption would."""
         try:
             row = ledger.read_rows([launch.task]).get(launch.task)
         except Exception as error:
             log.warning("fenced_k8s_executor could not read the row of pod %s/%s: %r", namespace, name, error)
             return False
-        if row is None or row.queued_by_job_id != self._scheduler_job_int():
-            return False
+        return row is not None and row.queued_by_job_id == self._scheduler_job_int()
+
+    def _relabel(self, name: str, namespace: str) -> None:
         body = {"metadata": {"labels": {"airflow-worker": self._make_safe_label_value(str(self.scheduler_job_id))}}}
         try:
             self.kube_client.patch_namespaced_pod(name=name, namespace=namespace, body=body,
                                                   **self._api_args)
         except Exception as error:  # the owner of the label still watches it; nothing is lost
             log.warning("fenced_k8s_executor could not relabel pod %s/%s: %r", namespace, name, error)
-        return True

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 from fenced_k8s_executor import batches, guards, ledger, metrics, verdicts
-from fenced_k8s_executor.fences.common import ADOPTED, FAILED, RUNNING
+from fenced_k8s_executor.fences.common import ADOPTED, FAILED, RUNNING, TaskInstanceState
 from fenced_k8s_executor.launch import pod_name
 from fenced_k8s_executor.metrics import short
 
@@ -87,7 +87,10 @@ class EventFence:
                 done, launch = self._fence_state_change(results)
                 if done:
                     return
-            super()._change_state(results, **kwargs)
+            try:
+                super()._change_state(results, **kwargs)
+            finally:
+                self._loop.handling = None
             if launch is not None and launch.token and self.event_buffer.get(results.key) == (RUNNING, None):
                 # No token info: a None would erase the pre-assigned token (b3, b5).
                 self.event_buffer.pop(results.key, None)
@@ -127,7 +130,18 @@ class EventFence:
             return True, launch  # an old pod of this key left for another scheduler; a newer launch holds the slot
         if self._enforcing and results.state == FAILED:
             self._remember_requeue_pod(results.key)
+        self._loop.handling = (results.key, row) if row is not None else None
         return False, launch
+
+    def _get_task_instance_state(self, key: Any, **kwargs: Any) -> Any:
+        """The provider reads a finished pod's task state with one query of its own per pod (a pool
+        check-out, its ping, the query and a commit: a fifth of a finishing loop at 1,000 pods, on
+        stock too); the loop's one statement read that row moments earlier in the same ``sync``.
+        Answered from it when it is the very attempt ``key`` names; otherwise the provider's query."""
+        known = self._loop_state.handling if self._loop_state is not None else None
+        if known is not None and known[0] == key and _same_attempt(key, known[1]):
+            return TaskInstanceState(known[1].state) if known[1].state else None
+        return super()._get_task_instance_state(key, **kwargs)
 
     def _fence_out(self, results: KubernetesResults, launch: Any, verdict: verdicts.Verdict, row: Any) -> None:
         """A stale launch's event never reaches the scheduler; its pod goes (a running one now,
@@ -148,3 +162,13 @@ class EventFence:
         if launch is None or not launch.token:
             return
         self.book.remember(pod_name(launch.dag_id, launch.task_id, launch.token, attempt.attempts + 1), launch)
+
+
+def _same_attempt(key: Any, row: Any) -> bool:
+    """Is ``row`` the attempt the provider's own state query would find for ``key``: by id
+    (``TaskInstanceUuid``), or by task and try (``TaskInstanceKey``, outside a dynamic region)?"""
+    if hasattr(key, "try_number"):
+        return not row.region and (key.dag_id, key.task_id, key.run_id, key.map_index, key.try_number) == (
+            row.dag_id, row.task_id, row.run_id, row.map_index, row.try_number)
+    ident = getattr(key, "id", None)
+    return ident is not None and str(ident) == row.ti_id

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fenced_k8s_executor import guards, metrics, pods, provider_compat, verdicts
+from fenced_k8s_executor import guards, metrics, orphans, pods, provider_compat, verdicts
 from fenced_k8s_executor.launch import as_token
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import TI_ID_LABEL
@@ -21,12 +21,20 @@ class HandoverFence:
         """Guard, stock (with ``adopt_launched_task`` fenced), fence. Guard: when the dead
         scheduler's pods cannot be listed, nothing is reset (``_adopt_later``). Fence: a QUEUED
         TI no pod was adopted for is launched here instead of reset (``_adopt_by_launching``)."""
+        orphans.preload(tis)  # one statement, not one per attribute per TI (stock's cost too)
+        if self._fencing and not self._witness_ready():
+            # The witness cannot yet tell this database's pods from an original's (a copy taken
+            # between two heartbeats looks so until the next one): adopted in the DB, not reset;
+            # the pods are relabelled once it can (``_resume_postponed``).
+            return self._adopt_later(tis, "the witness has not judged every live scheduler yet")
         # The provider forgets a TI once one pod was adopted for it; the fence must still judge
         # the other pods of that key against the TI (several pods, one key). Keyed as the provider
         # looks pods up: by their coordinates, whatever key kind its executor uses.
         self._adopting = {ti.key: ti for ti in tis}
         try:
             to_reset = super().try_adopt_task_instances(tis)
+        except guards.NotJudgedYet as why:  # the witness's view changed since the check above
+            return self._adopt_later(tis, str(why))
         except Exception as error:
             if not guards.is_api_error(error):
                 raise
@@ -105,7 +113,7 @@ class HandoverFence:
         phase = getattr(getattr(pod, "status", None), "phase", None)
         deleted = False
         if self._enforcing and phase not in ("Succeeded", "Failed") and self._owned(
-                ref.launch, f"{ref.namespace}/{ref.name}"):
+                ref.launch, f"{ref.namespace}/{ref.name}", "adoption"):
             deleted = pods.delete(kube_client, ref, self._api_args)
         metrics.decision(
             "adoption.refused",
@@ -119,7 +127,7 @@ class HandoverFence:
             deleted=deleted,
         )
         if deleted:
-            metrics.incr("pod.deleted", {"path": "adoption", "reason": verdict.reason.value})
+            metrics.incr("pod.deleted", {"path": "adoption", "reason": verdict.reason.value, "mode": "enforce"})
         self.book.remember(ref.name, ref.launch)
 
     def revoke_task(self, *, ti: Any) -> None:
@@ -140,7 +148,7 @@ class HandoverFence:
                     for ref in page:
                         if ref.deleting or ref.launch is None or ref.launch.malformed or ref.launch.ti_id != str(ti.id):
                             continue  # a malformed pod is never deleted: nothing it says is evidence
-                        if not self._owned(ref.launch, f"{ref.namespace}/{ref.name}"):
+                        if not self._owned(ref.launch, f"{ref.namespace}/{ref.name}", "revoke"):
                             continue
                         deleted = False
                         if self._enforcing:
