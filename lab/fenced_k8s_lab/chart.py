@@ -34,6 +34,7 @@ CHART = SHARED / "helm" / "chart"
 MINIHELM_INSTALL = SHARED / "helm" / "install.sh"
 VALUES = ROOT / "helm-values"
 NODE_VALUES = ROOT / "kind-config" / "node" / "values.yaml"
+WITNESS_RBAC = VALUES / "witness-rbac.yaml"
 POSTGRES = ROOT / "kind-config" / "postgres.yaml"
 POSTGRES_IMAGE = "localhost/fenced/postgres:15"
 EXECUTORS = {"fenced": "fenced_k8s_executor.FencedKubernetesExecutor", "stock": "KubernetesExecutor"}
@@ -62,7 +63,19 @@ def render(flavour: str, namespace: str, extra_values: list[Path], release: str 
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise InstallError(f"the chart refused the values: {out.stderr.strip()[-2000:]}")
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    docs = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    return docs + (witness_rbac(release, namespace) if flavour == "fenced" else [])
+
+
+def witness_rbac(release: str, namespace: str) -> list[dict]:
+    """``helm-values/witness-rbac.yaml`` as an operator applies it beside the chart: in the release's
+    namespace, bound to the release's scheduler ServiceAccount."""
+    docs = [doc for doc in yaml.safe_load_all(WITNESS_RBAC.read_text()) if doc]
+    for doc in docs:
+        doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects", ()):
+            subject.update(name=f"{release}-scheduler", namespace=namespace)
+    return docs
 
 
 def postgres_manifests(image: str = POSTGRES_IMAGE) -> list[dict]:

@@ -15,11 +15,14 @@ its default destination, ~/.cache/fenced-envtest/1.36.2, is also looked at).
 
 Each start generates a CA, a serving certificate for 127.0.0.1/localhost, a service-account
 key pair and a static token file: every user in `users` has the token equal to its name and
-the group system:masters (the tests attribute requests by user name, as with the emulator).
-The audit policy logs pods (and pods/* subresources) at level Metadata, nothing else; entries
-are JSON lines mapped to {index, ts, who, verb, path, query, namespace, name, resource,
-subresource, code}. The processes get PR_SET_PDEATHSIG, so they die with the process that
-started them even if it is SIGKILLed (start the plane from the main thread).
+the group system:masters (the tests attribute requests by user name, as with the emulator);
+the users in `rbac_users` (`RBAC_USERS`: rbac-1..rbac-4) are in the plain group `RBAC_GROUP`
+only, so they may do exactly what RBAC grants them (`grant(user, namespace, rules)`).
+The audit policy logs pods (and pods/* subresources) and coordination.k8s.io leases at level
+Metadata, nothing else (not the apiserver's own identity leases); entries are JSON lines mapped
+to {index, ts, who, verb, path, query, namespace, name, resource, subresource, code}. The
+processes get PR_SET_PDEATHSIG, so they die with the process that started them even if it is
+SIGKILLed (start the plane from the main thread).
 
 Write faults (`add_fault` with method POST, PATCH/PUT or DELETE: a status code and/or a delay,
 `who`, `times`, `after`) come from a real validating admission webhook (`webhook.py`), registered
@@ -51,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ControlPlane", "ExternalCluster", "Shared", "open_backend", "find_assets", "DEFAULT_ASSETS",
-           "DEFAULT_USERS", "ADMIN"]
+           "DEFAULT_USERS", "RBAC_USERS", "RBAC_GROUP", "ADMIN"]
 
 DEFAULT_ASSETS = Path(os.environ.get("HOME") or "/root") / ".cache" / "fenced-envtest" / "1.36.2"
 ADMIN = "admin"  # the fixture's own user (namespaces, reset); filtered out of nothing
@@ -62,6 +65,9 @@ DEFAULT_USERS = (
     + _LAB_ROLES + [f"neighbour-{r}" for r in _LAB_ROLES[:13]]
     + [f"scheduler-{c}" for c in "abcd"]
 )
+RBAC_USERS = tuple(f"rbac-{i}" for i in range(1, 5))  # not system:masters: only what a Role grants
+RBAC_GROUP = "fenced-lab:rbac"
+LEASES = "/apis/coordination.k8s.io/v1"
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 
 AUDIT_POLICY = {
@@ -70,6 +76,9 @@ AUDIT_POLICY = {
     "omitStages": ["RequestReceived"],
     "rules": [
         {"level": "Metadata", "resources": [{"group": "", "resources": ["pods", "pods/*"]}]},
+        {"level": "None", "users": ["system:apiserver"],  # its own identity leases in kube-system, every 10 s
+         "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
+        {"level": "Metadata", "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
         {"level": "None"},
     ],
 }
@@ -178,7 +187,8 @@ class ControlPlane:
     supports_write_faults = True  # through the admission webhook (webhook.py)
 
     def __init__(self, assets: str | os.PathLike | None = None, workdir: str | os.PathLike | None = None, *,
-                 users: list[str] | tuple[str, ...] = tuple(DEFAULT_USERS), start_timeout: float = 90.0,
+                 users: list[str] | tuple[str, ...] = tuple(DEFAULT_USERS),
+                 rbac_users: list[str] | tuple[str, ...] = RBAC_USERS, start_timeout: float = 90.0,
                  extra_args: list[str] | None = None):
         found, why = find_assets(assets)
         if found is None:
@@ -186,7 +196,8 @@ class ControlPlane:
         self.assets = found
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="fenced-envtest-"))
-        self.users = list(dict.fromkeys(users))
+        self.rbac_users = [u for u in dict.fromkeys(rbac_users) if u not in users]
+        self.users = list(dict.fromkeys(users)) + self.rbac_users
         self.start_timeout = start_timeout
         self.extra_args = list(extra_args or [])
         self.url: str | None = None
@@ -222,7 +233,8 @@ class ControlPlane:
         self._ssl = ssl.create_default_context(cafile=str(self.pki["ca"]))
         shm = Path("/dev/shm")
         self._etcd_dir = Path(tempfile.mkdtemp(prefix="fenced-etcd-", dir=shm if shm.is_dir() else w))
-        (w / "tokens.csv").write_text("".join(f"{u},{u},{u},system:masters\n" for u in self.users))
+        (w / "tokens.csv").write_text("".join(
+            f"{u},{u},{u},{RBAC_GROUP if u in self.rbac_users else 'system:masters'}\n" for u in self.users))
         (w / "audit-policy.json").write_text(json.dumps(AUDIT_POLICY))
         self.audit_path = w / "audit.log"
 
@@ -376,27 +388,27 @@ class ControlPlane:
                   ok=(409,))
 
     def reset(self) -> None:
-        """Delete every pod outside the system namespaces at once (finalizers dropped, grace 0);
-        start the audit view afresh (audit indexes restart at 0, as after an emulator reset); faults
-        cleared, as the emulator's reset clears them."""
+        """Delete every pod and lease outside the system namespaces at once (finalizers dropped,
+        grace 0); start the audit view afresh (audit indexes restart at 0, as after an emulator
+        reset); faults cleared, as the emulator's reset clears them."""
         self.clear_faults()
-        pods = (self._api("GET", "/api/v1/pods") or {}).get("items", [])
-        for pod in pods:
-            meta = pod["metadata"]
-            if meta["namespace"] in SYSTEM_NAMESPACES:
-                continue
-            base = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
-            if meta.get("finalizers"):
-                self._api("PATCH", base, {"metadata": {"finalizers": None}}, ok=(404,),
-                          content_type="application/merge-patch+json")
-            self._api("DELETE", base, {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-                                       "preconditions": {"uid": meta["uid"]}}, ok=(404, 409))
+        for prefix, plural in (("/api/v1", "pods"), (LEASES, "leases")):
+            for obj in (self._api("GET", f"{prefix}/{plural}") or {}).get("items", []):
+                meta = obj["metadata"]
+                if meta["namespace"] in SYSTEM_NAMESPACES:
+                    continue
+                base = f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+                if meta.get("finalizers"):
+                    self._api("PATCH", base, {"metadata": {"finalizers": None}}, ok=(404,),
+                              content_type="application/merge-patch+json")
+                self._api("DELETE", base, {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                                           "preconditions": {"uid": meta["uid"]}}, ok=(404, 409))
         with self._audit_lock:
             self._read_audit()
             self._audit_base = len(self._audit_entries)
 
     def audit(self, since: int = 0) -> list[dict]:
-        """Pod requests from the kube-apiserver audit log, in the emulator's shape."""
+        """Pod and lease requests from the kube-apiserver audit log, in the emulator's shape."""
         with self._audit_lock:
             self._read_audit()
             out = self._audit_entries[self._audit_base + since:]
@@ -458,6 +470,48 @@ class ControlPlane:
 
     def pod(self, namespace: str, name: str) -> dict | None:
         return self._api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}", ok=(404,))
+
+    def leases(self, namespace: str | None = None) -> list[dict]:
+        """The stored Leases (all namespaces when namespace is None), as the emulator's `leases()`."""
+        path = f"{LEASES}/namespaces/{namespace}/leases" if namespace else f"{LEASES}/leases"
+        items = (self._api("GET", path) or {}).get("items", [])
+        return [{"kind": "Lease", "apiVersion": "coordination.k8s.io/v1", **x} for x in items]
+
+    def lease(self, namespace: str, name: str) -> dict | None:
+        return self._api("GET", f"{LEASES}/namespaces/{namespace}/leases/{name}", ok=(404,))
+
+    # -- RBAC for the users outside system:masters
+    def grant(self, user: str, namespace: str, rules: list[dict], timeout: float = 30.0) -> None:
+        """Bind `user` (one of `rbac_users`) exactly `rules` in `namespace` (a Role and RoleBinding
+        named fenced-lab-<user>, replacing earlier ones); returns once the authorizer applies them."""
+        if user not in self.rbac_users:
+            raise ValueError(f"{user!r} is not an RBAC user of this control plane ({self.rbac_users}); "
+                             f"the others are system:masters and may do anything")
+        name, base = f"fenced-lab-{user}", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+        role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": name, "namespace": namespace}, "rules": rules}
+        binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": name, "namespace": namespace},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
+        for kind, body in (("roles", role), ("rolebindings", binding)):
+            self._api("DELETE", f"{base}/{kind}/{name}", ok=(404,))
+            self._api("POST", f"{base}/{kind}", body)
+        want = [(verb, group, resource) for rule in rules for verb in rule.get("verbs", [])
+                for group in rule.get("apiGroups", [""]) for resource in rule.get("resources", [])
+                if "*" not in (verb, group, resource)]
+        deadline = time.monotonic() + timeout
+        while want and not all(self._allowed(user, namespace, *w) for w in want):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"RBAC rules for {user} in {namespace} not in effect within {timeout}s")
+            time.sleep(0.05)
+
+    def _allowed(self, user: str, namespace: str, verb: str, group: str, resource: str) -> bool:
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {
+            "user": user, "groups": [RBAC_GROUP, "system:authenticated"],
+            "resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource}}}
+        out = self._api("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review) or {}
+        return bool((out.get("status") or {}).get("allowed"))
 
     # -- write faults, through the admission webhook (webhook.py)
     def add_fault(self, **spec: Any) -> int:
@@ -583,15 +637,26 @@ class ExternalCluster:
                 else v1.list_pod_for_all_namespaces(_preload_content=False))
         return [{"kind": "Pod", "apiVersion": "v1", **p} for p in json.loads(resp.data).get("items", [])]
 
+    def leases(self, namespace: str | None = None) -> list[dict]:
+        from kubernetes import client
+
+        api = client.CoordinationV1Api(self._v1().api_client)
+        resp = (api.list_namespaced_lease(namespace, _preload_content=False) if namespace
+                else api.list_lease_for_all_namespaces(_preload_content=False))
+        return [{"kind": "Lease", "apiVersion": "coordination.k8s.io/v1", **x}
+                for x in json.loads(resp.data).get("items", [])]
+
     def audit(self, since: int = 0) -> list[dict]:
         return []
 
     def reset(self, timeout: float = 120) -> None:
-        """Delete the pods of the namespaces the lab made sure of (grace 0), nothing else, and wait
-        until they are gone (a real kubelet stops their containers first)."""
+        """Delete the pods and leases of the namespaces the lab made sure of (grace 0), nothing else,
+        and wait until the pods are gone (a real kubelet stops their containers first)."""
+        from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
         for ns in sorted(self._namespaces):
+            client.CoordinationV1Api(self._v1().api_client).delete_collection_namespaced_lease(ns)
             for pod in self.pods(ns):
                 try:
                     self._v1().delete_namespaced_pod(pod["metadata"]["name"], ns, body={"gracePeriodSeconds": 0})

@@ -75,7 +75,7 @@ def restored(source: PostgresServer, database: str) -> PostgresServer:
 def _basebackup(source: PostgresServer, *, standby: bool) -> PostgresServer:
     copy = PostgresServer()
     args = [_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(source.port), "-U", "postgres",
-            "-D", str(copy.datadir), "-X", "stream", "--no-sync"]
+            "-D", str(copy.datadir), "-X", "stream", "--no-sync", "--checkpoint=fast"]
     subprocess.run(args + (["-R"] if standby else []), check=True, capture_output=True)
     _chown_tree(copy.datadir, copy.owner)
     (copy.datadir / "postmaster.pid").unlink(missing_ok=True)

@@ -4,9 +4,10 @@ The emulator injects faults itself; a real apiserver has no such switch, but it 
 validating admission webhooks registered with it on every write it admits. This module is such a
 webhook: an HTTPS server (stdlib, a daemon thread, a certificate from the control plane's own CA)
 that answers `AdmissionReview` v1 for pods (CREATE, UPDATE, DELETE; the `status` and `binding`
-subresources too) by matching the request against the active faults, exactly as the emulator
-matches them (`kubeapi.controls.Fault`: method, path regex, who, times, after), then sleeping
-`delay` and allowing, or denying with the fault's `status` code.
+subresources too) and for coordination.k8s.io leases outside kube-system by matching the
+request against the active faults, exactly as the emulator matches them (`kubeapi.controls.Fault`:
+method, path regex, who, times, after), then sleeping `delay` and allowing, or denying with the
+fault's `status` code.
 
 What the client sees (kube-apiserver v1.36, `ToStatusErr`): the HTTP status is the code the
 webhook denies with (any code >= 400 passes through: 403, 404, 409, 429, 500, 503 ...), the
@@ -42,10 +43,12 @@ from typing import Any
 from .kubeapi.controls import Fault
 from .kubeapi.errors import REASONS
 
-__all__ = ["FaultWebhook", "CONFIG_NAME", "WEBHOOK_NAME", "TIMEOUT_SECONDS", "PROBE_ANNOTATION"]
+__all__ = ["FaultWebhook", "CONFIG_NAME", "WEBHOOK_NAME", "LEASE_WEBHOOK_NAME", "TIMEOUT_SECONDS",
+           "PROBE_ANNOTATION"]
 
 CONFIG_NAME = "fenced-lab-faults"
 WEBHOOK_NAME = "faults.fenced-lab.test"
+LEASE_WEBHOOK_NAME = "lease-faults.fenced-lab.test"  # the same server, for coordination.k8s.io leases
 TIMEOUT_SECONDS = 30  # the most the apiserver allows; a fault's delay must stay well under it
 MAX_DELAY = TIMEOUT_SECONDS - 5
 PROBE_ANNOTATION = "fenced-lab.test/webhook-probe"
@@ -57,9 +60,11 @@ _FIELDS = set(Fault.__dataclass_fields__) - {"id", "seen", "fired", "_rx"}
 
 def request_path(req: dict) -> str:
     """The path the client sent, as the emulator matches it: a create's collection path, else the
-    pod's path with its subresource."""
+    object's path with its subresource (/api/v1/... for pods, /apis/GROUP/VERSION/... for leases)."""
     ns, name, sub = req.get("namespace"), req.get("name"), req.get("subResource") or ""
-    base = f"/api/v1/namespaces/{ns}/{req['resource']['resource']}"
+    res = req["resource"]
+    root = f"/apis/{res['group']}/{res['version']}" if res.get("group") else "/api/v1"
+    base = f"{root}/namespaces/{ns}/{res['resource']}"
     if req["operation"] == "CREATE" and not sub:
         return base
     return f"{base}/{name}" + (f"/{sub}" if sub else "")
@@ -180,6 +185,17 @@ class FaultWebhook:
                 "clientConfig": {"url": f"https://127.0.0.1:{self.port}/admit/{self._generation}", "caBundle": ca},
                 "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE", "DELETE"],
                            "resources": ["pods", "pods/status", "pods/binding"], "scope": "Namespaced"}],
+                "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": TIMEOUT_SECONDS, "matchPolicy": "Equivalent",
+            }, {
+                # leases too, but not the apiserver's own (kube-system, kube-node-lease): they never wait on us
+                "name": LEASE_WEBHOOK_NAME,
+                "clientConfig": {"url": f"https://127.0.0.1:{self.port}/admit/{self._generation}", "caBundle": ca},
+                "rules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"],
+                           "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["leases"],
+                           "scope": "Namespaced"}],
+                "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                                            "values": ["kube-system", "kube-node-lease"]}]},
                 "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": TIMEOUT_SECONDS, "matchPolicy": "Equivalent",
             }],

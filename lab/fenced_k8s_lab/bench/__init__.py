@@ -286,6 +286,14 @@ def main(argv: list[str] | None = None) -> int:
                          " .venv-matrix/airflow-3.4.0b2-provider-10.25.0")
     ap.add_argument("--scale-docs", metavar="DIR", help="--only scale: write the docs table (scale.md) and the"
                     " plot (scale.png) there")
+    ap.add_argument("--scale-tasks-per-run", type=int, metavar="N", help="--only scale: spread each size's tasks"
+                    " over DAG runs of N mapped tasks (N divides every size; default: one run)")
+    ap.add_argument("--scale-batch", type=int, metavar="N", help="--only scale: [kubernetes_executor]"
+                    " worker_pods_creation_batch_size, both kinds (default 16)")
+    ap.add_argument("--scale-max-tis-per-query", type=int, metavar="N", help="--only scale: [scheduler]"
+                    " max_tis_per_query, both kinds (default 16, the shipped value)")
+    ap.add_argument("--scale-pyspy", metavar="DIR", help="--only scale: py-spy every scheduler process in every"
+                    " phase into DIR (pip install py-spy; python -m fenced_k8s_lab.bench.pyspy DIR reads it back)")
     ap.add_argument("--workdir", help="where logs and kubeconfigs go (default: a temp dir)")
     ap.add_argument("--airflow-log", metavar="FILE",
                     help="where Airflow's own log lines go, appended (default: <workdir>/airflow.log, or a temp file)")
@@ -419,6 +427,13 @@ def run_scale(args: argparse.Namespace) -> dict:
         cfg["sizes"] = [int(x) for x in args.scale_sizes.split(",")]
     if args.reps:
         cfg["reps"] = args.reps
+    if args.scale_pyspy:
+        cfg["pyspy"] = str(Path(args.scale_pyspy).resolve())
+    for key in ("tasks_per_run", "batch", "max_tis_per_query"):
+        if getattr(args, f"scale_{key}") is not None:
+            cfg[key] = getattr(args, f"scale_{key}")
+    for n in cfg["sizes"]:
+        scale.runs_of(n, cfg)  # a size the runs do not divide fails here, not an hour in
     started = time.monotonic()
     lab = Lab.start(Path(args.workdir) / "scale" if args.workdir else None, driver=args.driver)
     lab.profile_dir = Path(args.profile) / "scale" if args.profile else None

@@ -42,7 +42,7 @@ def _lazy_list(original):
         limit = resources._int(request, "limit") or 0
         if resources.parse_bool(q.get("watch"), "watch") or limit <= 0:
             return await original(self, request, resource, ns)
-        _, list_kind, fields = resources._KINDS[resource]
+        _, list_kind, fields, api_version, _ = resources._KINDS[resource]
         try:
             labels = resources.parse_label_selector(q.get("labelSelector"))
             fsel = resources.parse_field_selector(q.get("fieldSelector"), fields)
@@ -83,7 +83,7 @@ def _lazy_list(original):
         if partial:
             return resources._json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
                                     "metadata": meta, "items": [objects.partial(o) for o in items]})
-        return resources._json({"kind": list_kind, "apiVersion": "v1", "metadata": meta,
+        return resources._json({"kind": list_kind, "apiVersion": api_version, "metadata": meta,
                                 "items": [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")}
                                           for o in items]})
 

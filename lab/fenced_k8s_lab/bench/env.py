@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -193,6 +194,7 @@ class Proc:
     def __init__(self, args: list[str], log: Path, env: dict | None = None):
         self.log = log
         self._f = open(log, "w")
+        self._drainer: threading.Thread | None = None
         self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._f, text=True,
                                   env={**os.environ, **(env or {})}, start_new_session=True,
                                   preexec_fn=_die_with_parent)
@@ -202,10 +204,22 @@ class Proc:
         while time.monotonic() < deadline:
             line = self.p.stdout.readline()
             if line.startswith(prefix):
+                self._drainer = threading.Thread(target=self._drain, name=f"drain-{self.p.pid}", daemon=True)
+                self._drainer.start()
                 return line.strip()
             if not line and self.p.poll() is not None:
                 break
         raise RuntimeError(f"{self.p.args} did not print {prefix!r}; see {self.log}")
+
+    def _drain(self) -> None:
+        """Copy what the child prints after its ready line into its log: a pipe nobody reads fills
+        (64 KiB) and blocks the child's next print (the emulator logs a handler's traceback there)."""
+        for line in self.p.stdout:
+            try:
+                self._f.write(line)
+                self._f.flush()
+            except ValueError:  # stopped: the log is closed
+                return
 
     def stop(self) -> None:
         if self.p.poll() is None:
@@ -215,6 +229,8 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait(5)
+        if self._drainer is not None:
+            self._drainer.join(5)  # the child's last lines, up to its exit
         self._f.close()
 
 

@@ -340,7 +340,7 @@ def _explain(lab: Lab, executor) -> list[str]:
                 params[prefix + name] = []
         statement = "EXPLAIN (ANALYZE, BUFFERS) " + ledger._loop_statement(lab.engine, frozenset("d"))
         with lab.engine.connect() as conn:  # one transaction: the reader's planner settings apply
-            if getattr(ledger, "PLAN", ""):
-                conn.exec_driver_sql(ledger.PLAN)
+            if getattr(ledger, "PLANNER", ""):
+                conn.exec_driver_sql(ledger.PLANNER)
             plans += [f"-- {label}"] + [row[0] for row in conn.exec_driver_sql(statement, params).fetchall()]
     return plans

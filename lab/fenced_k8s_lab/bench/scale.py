@@ -19,6 +19,10 @@ process role, /proc. Phases, on this process's clock:
 - ``finish``: every held pod finishes as a worker that succeeded (``/state``, then Succeeded),
   until the executors have deleted every pod.
 
+``--scale-tasks-per-run K`` spreads each size over N/K DAG runs of K mapped tasks, triggered
+together; ``--scale-batch`` and ``--scale-max-tis-per-query`` raise the creation batch and the
+scheduler's ``max_tis_per_query`` (both kinds alike): the set-up for 5,000 and 10,000 (issue 53).
+
 Kinds run one after another, ABBA per size (stock, fenced, fenced, stock, ...): same machine,
 same hour, nothing shared between runs but the PostgreSQL server and the emulator process.
 """
@@ -43,6 +47,7 @@ PHASES = ("idle", "fanout", "steady", "restart", "finish")
 DAG_ID = "scale_fanout"
 
 FULL = {"sizes": [1000, 5000, 10000], "reps": 2, "idle_seconds": 20, "steady_seconds": 60, "batch": 16,
+        "max_tis_per_query": 16, "tasks_per_run": None,
         "restart_loops": 5, "restart_grace": 60.0}
 QUICK = {**FULL, "sizes": [200, 1000], "idle_seconds": 10, "steady_seconds": 30}
 SMOKE = {**FULL, "sizes": [12], "reps": 1, "idle_seconds": 4, "steady_seconds": 6, "restart_loops": 2}
@@ -53,20 +58,30 @@ from airflow.sdk import dag, task
 
 
 @dag(dag_id="{dag_id}", schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False,
-     max_active_tasks={n})
+     max_active_tasks={n}, max_active_runs={runs})
 def scale_fanout():
     @task
     def work(i: int):
         return i
 
-    work.expand(i=list(range({n})))
+    work.expand(i=list(range({per_run})))
 
 
 scale_fanout()
 '''
 
 
-def settings(n: int, batch: int) -> dict[str, str]:
+def runs_of(n: int, cfg: dict) -> tuple[int, int]:
+    """(DAG runs, mapped tasks per run) for ``n`` tasks in flight: one run of ``n``, or with
+    ``tasks_per_run`` (``--scale-tasks-per-run``) ``n / tasks_per_run`` runs, as a deployment at
+    that size spreads its tasks in flight over DAG runs."""
+    per_run = cfg.get("tasks_per_run") or n
+    if n % per_run:
+        raise ValueError(f"--scale-tasks-per-run {per_run} does not divide {n} tasks")
+    return n // per_run, per_run
+
+
+def settings(n: int, cfg: dict) -> dict[str, str]:
     """What the bench changes from the shipped configuration, for stock and fenced alike (with the
     default pool's slots, set to N through the REST API, and the DAG's ``max_active_tasks`` = N).
     The caps make N tasks in flight possible at all; the provider's creation batch is its
@@ -75,15 +90,22 @@ def settings(n: int, batch: int) -> dict[str, str]:
     never heartbeat, and report their end long after ``/run``. The periodic orphan check (300 s)
     is put out of the run's reach, so that the restarted scheduler alone adopts its predecessor's
     tasks, at its start, in every run: a peer whose check happened to fall in the restart adopted
-    them too, and the restart's API calls and start-up depended on that timing."""
+    them too, and the restart's API calls and start-up depended on that timing. At the larger
+    sizes an operator raises the scheduler's ``max_tis_per_query`` (16) and the creation batch
+    with it (``--scale-max-tis-per-query``, ``--scale-batch``): alike for both kinds."""
     return {
         "AIRFLOW__CORE__PARALLELISM": str(n),  # 32: per scheduler; either may hold every task
-        "AIRFLOW__CORE__MAX_MAP_LENGTH": str(n),  # 1024
-        "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": str(batch),  # 1
+        "AIRFLOW__CORE__MAX_MAP_LENGTH": str(runs_of(n, cfg)[1]),  # 1024
+        "AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY": str(cfg.get("max_tis_per_query", 16)),  # 16
+        "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": str(cfg["batch"]),  # 1
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "86400",  # 300
         "AIRFLOW__EXECUTION_API__JWT_EXPIRATION_TIME": "86400",  # 600
         "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "86400",  # 300 (the lab's stack: 30)
     }
+
+
+#: The prefix of the witness's Lease calls in a phase's API counts (``lease:patch``, ``lease:create``).
+WITNESS = "lease:"
 
 
 def _user(role: str) -> str:
@@ -131,6 +153,7 @@ class Deployment:
         self.kubelet: Proc | None = None
         self.engine: Any = None  # the bench's own reads of this deployment's DB (progress, jobs)
         self._quiet_until = 0.0  # progress lines at most every 10 s
+        self.recorders = None  # --scale-pyspy: one py-spy per scheduler process and phase (pyspy.py)
 
     # ---- set-up
 
@@ -140,7 +163,8 @@ class Deployment:
         self.dir.mkdir(parents=True, exist_ok=True)
         dags = self.dir / "dags"
         dags.mkdir(exist_ok=True)
-        (dags / f"{DAG_ID}.py").write_text(DAG.format(dag_id=DAG_ID, n=self.n))
+        runs, per_run = runs_of(self.n, self.cfg)
+        (dags / f"{DAG_ID}.py").write_text(DAG.format(dag_id=DAG_ID, n=self.n, runs=runs, per_run=per_run))
         import sqlalchemy as sa
 
         self.db_url = new_airflow_db(self.lab.pg)
@@ -152,7 +176,7 @@ class Deployment:
             self.lab.profile_dir.mkdir(parents=True, exist_ok=True)
             profile = self.lab.profile_dir / f"scale_{self.n}_{self.kind}_{self.tag}.prof"
         self.lab.ensure_namespace(self.namespace)
-        env = {**settings(self.n, self.cfg["batch"]), **self.timers.env(prefix=f"{self.tag}_unnamed")}
+        env = {**settings(self.n, self.cfg), **self.timers.env(prefix=f"{self.tag}_unnamed")}
         self.stack = ScaleStack(self.dir, self.db_url, self.lab.emu_url, dags,
                                 executor=STOCK if self.kind == "stock" else FENCED, schedulers=len(SCHEDULERS),
                                 namespace=self.namespace, env=env, emulator=self.lab.emu, tag=self.tag, profile=profile)
@@ -170,18 +194,34 @@ class Deployment:
         for role in SCHEDULERS:
             self.memory.watch(role, self.stack.processes[role].pid)
         self.memory.start()
+        if self.cfg.get("pyspy"):
+            from fenced_k8s_lab.bench.pyspy import Recorders
+
+            self.recorders = Recorders(Path(self.cfg["pyspy"]))
 
     # ---- phases
 
     def mark(self, phase: str) -> None:
-        self.marks[phase] = {"t": time.time(), "audit": self.lab.audit_mark(), "statements": self.statements.snapshot()}
+        self.marks[phase] = {"t": time.time(), "audit": self.lab.audit_mark(), "statements": self.statements.snapshot(),
+                             "load": _load()}
+        if self.recorders is not None:  # the phase before ends here; each live scheduler is sampled anew
+            self.recorders.stop_all()
+            if phase in PHASES:
+                for role in SCHEDULERS:
+                    self._record(phase, role, self.stack.processes[role].pid)
+
+    def _record(self, phase: str, role: str, pid: int | None) -> None:
+        if self.recorders is not None and pid is not None:
+            self.recorders.start(f"{self.tag}_{self.kind}_{phase}_{role}", pid)
 
     def run(self) -> dict:
         self.mark("idle")
         time.sleep(self.cfg["idle_seconds"])
         self.mark("fanout")
         self.events["triggered"] = time.time()
-        self.stack.client().trigger(DAG_ID)
+        client = self.stack.client()
+        for _ in range(runs_of(self.n, self.cfg)[0]):  # the runs' tasks in flight together
+            client.trigger(DAG_ID)
         self._fan_out()
         self.mark("steady")
         time.sleep(self.cfg["steady_seconds"])
@@ -243,6 +283,7 @@ class Deployment:
         proc.restarts += 1
         self.events["spawned"] = time.time()
         proc.start()
+        self._record("restart", "restarted", proc.pid)  # from its start: the executor's, the adoption, the loops
         self.memory.watch(proc.name, proc.pid)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -297,6 +338,8 @@ class Deployment:
             if entry["index"] >= end or entry.get("who") not in SCHEDULERS:
                 continue
             verb = entry["verb"] + (f"/{entry['subresource']}" if entry.get("subresource") else "")
+            if entry.get("resource") == "leases":
+                verb = f"{WITNESS}{verb}"  # the witness's calls, apart from the pod calls both kinds make
             code = str(entry.get("code"))
             counts.setdefault(verb, {})
             counts[verb][code] = counts[verb].get(code, 0) + 1
@@ -312,9 +355,11 @@ class Deployment:
             beats = {r: self.timers.series(self.stack.prefix(r), HEARTBEAT, start, end) for r in SCHEDULERS}
             pooled = [v for r in SCHEDULERS for v in loops[r]]
             before, after = self.marks[phase]["statements"], self.marks[self._after(phase)]["statements"]
-            db = {r: StatementCounter.diff(before, after, _user(r), top=12 if phase == "steady" else 0) for r in ROLES}
+            db = {r: StatementCounter.diff(before, after, _user(r), top=12 if r in SCHEDULERS or phase == "steady" else 0)
+                  for r in ROLES}
             out["phases"][phase] = {
                 "seconds": end - start,
+                "load": self.marks[phase].get("load"),
                 "loops": {r: len(loops[r]) for r in SCHEDULERS},
                 "loop_p50": percentile(pooled, 50), "loop_p99": percentile(pooled, 99),
                 "loop_mean": sum(pooled) / len(pooled) if pooled else None,
@@ -326,6 +371,10 @@ class Deployment:
                 "statements_per_loop": {r: (db[r]["statements"] / len(loops[r]) if loops[r] else None)
                                         for r in SCHEDULERS},
             }
+            witness = sum(sum(codes.values()) for verb, codes in out["phases"][phase]["api"].items()
+                          if verb.startswith(WITNESS))
+            runs = sum(len(loops[r]) for r in SCHEDULERS)
+            out["phases"][phase]["witness_calls_per_loop"] = witness / runs if runs else None
         ev = self.events
         began = ev.get("run_started", ev["triggered"])
         out["fanout"] = {k: (ev[k] - began if k in ev else None) for k in ("all_pods", "all_running")}
@@ -349,6 +398,8 @@ class Deployment:
 
     def stop(self) -> None:
         self.memory.stop()
+        if self.recorders is not None:
+            self.recorders.stop_all()
         if self.stack is not None:
             if self.stack.profile is not None and SCHEDULERS[0] in self.stack.processes:
                 self.stack.processes[SCHEDULERS[0]].stop(timeout=90)  # SIGTERM: cProfile writes on the way out
@@ -429,7 +480,7 @@ def run(lab: Lab, cfg: dict, checkpoint=lambda partial: None) -> dict:
     finally:
         dropped = timers.dropped()
         timers.stop()
-    return {"config": cfg, "settings": settings(max(cfg["sizes"]), cfg["batch"]), "runs": runs,
+    return {"config": cfg, "settings": settings(max(cfg["sizes"]), cfg), "runs": runs,
             "statsd": {"lines": timers.lines, "dropped": dropped}}
 
 

@@ -15,6 +15,7 @@ import uuid
 from fenced_k8s_lab.bench.env import Lab, median, profiled, progress
 from fenced_k8s_executor.launch import LaunchIdentity
 from fenced_k8s_executor.sweep import Sweeper
+from fenced_k8s_executor.witness import Witness
 
 
 DEPLOYMENT = "bench-deployment"
@@ -117,6 +118,22 @@ def seed_tis(lab: Lab, count: int) -> list[tuple]:
     return rows
 
 
+def _witness(lab: Lab) -> Witness:
+    """The witness a live scheduler's sweep consults: a scheduler job of its own, posted once (its
+    renewals fall outside the measured sweeps, and under its own user: not the sweeper's calls).
+    Without one the sweep judges no pod this database's and deletes nothing."""
+    ns = "bench-sweep-witness"
+    lab.ensure_namespace(ns)
+    job_id = lab.next_job_id()
+    lab.scheduler_job(job_id)
+    witness = Witness(lab.core_api("bench", ns), ns, DEPLOYMENT, job_id, host="bench-sweeper",
+                      interval=3600.0, alive_for=3600.0)
+    witness.start(wait=30)
+    if not witness.view.quiet:
+        raise RuntimeError(f"the sweep's witness cannot judge: {witness.view}")
+    return witness
+
+
 def _pods_for(rows: list[tuple], stale_fraction: float) -> tuple[list[tuple], list[tuple]]:
     n_stale = max(1, int(len(rows) * stale_fraction))
     current = [tuple(r) for r in rows[n_stale:]]
@@ -155,6 +172,16 @@ def _peak(lab: Lab, sweeper: Sweeper, restore) -> int:
 def sweep(lab: Lab, sizes: list[int], reps: int, stale_fraction: float, page_size: int,
           namespace_counts: list[int] | None = None, namespace_pods: int = 0, schedulers: list[int] | None = None) -> dict:
     rows = seed_tis(lab, max(sizes + [namespace_pods]))
+    witness = _witness(lab)
+    try:
+        return _sweep(lab, witness, rows, sizes, reps, stale_fraction, page_size, namespace_counts, namespace_pods,
+                      schedulers)
+    finally:
+        witness.stop()
+
+
+def _sweep(lab: Lab, witness: Witness, rows: list[tuple], sizes: list[int], reps: int, stale_fraction: float,
+           page_size: int, namespace_counts: list[int] | None, namespace_pods: int, schedulers: list[int] | None) -> dict:
     out: dict = {"raw": {}, "seconds": {}, "api_calls": {}, "db_queries": {}, "pages": {}, "deleted": {},
                  "peak_bytes": {}, "fill_seconds": {}, "stale_fraction": stale_fraction, "page_size": page_size}
     warm_ns = "bench-sweep-warm"  # warms the client, the lock and the query path before any measured sweep
@@ -168,11 +195,11 @@ def sweep(lab: Lab, sizes: list[int], reps: int, stale_fraction: float, page_siz
         out["fill_seconds"][str(size)] = time.monotonic() - t0
         progress(f"sweep: {size} pods ({len(stale)} stale) in {ns}, filled in {time.monotonic() - t0:.1f}s")
         sweeper = Sweeper(kube_client=lab.core_api("sweeper", ns), namespaces=[ns], interval=0,
-                          page_size=page_size, enforcing=True, deployment=DEPLOYMENT)
+                          page_size=page_size, enforcing=True, deployment=DEPLOYMENT, witness=witness)
         key = str(size)
         client = sweeper.kube_client
         Sweeper(kube_client=client, namespaces=[warm_ns], interval=0, page_size=page_size, enforcing=True,
-                deployment=DEPLOYMENT).run_once()
+                deployment=DEPLOYMENT, witness=witness).run_once()
         # the first sweep of these pods runs under tracemalloc: its peak heap is the memory figure
         out["peak_bytes"][key] = _peak(lab, sweeper, lambda: None)
         samples = []
@@ -197,13 +224,15 @@ def sweep(lab: Lab, sizes: list[int], reps: int, stale_fraction: float, page_siz
         clear(lab, ns)
     clear(lab, warm_ns)
     if namespace_counts and namespace_pods:
-        out["namespaces"] = _by_namespaces(lab, rows[:namespace_pods], namespace_counts, reps, stale_fraction, page_size)
+        out["namespaces"] = _by_namespaces(lab, witness, rows[:namespace_pods], namespace_counts, reps, stale_fraction,
+                                           page_size)
     if schedulers and namespace_pods:
-        out["schedulers"] = _by_schedulers(lab, rows[:namespace_pods], schedulers, reps, stale_fraction, page_size)
+        out["schedulers"] = _by_schedulers(lab, witness, rows[:namespace_pods], schedulers, reps, stale_fraction,
+                                           page_size)
     return out
 
 
-def _by_namespaces(lab: Lab, rows: list[tuple], counts: list[int], reps: int, stale_fraction: float,
+def _by_namespaces(lab: Lab, witness: Witness, rows: list[tuple], counts: list[int], reps: int, stale_fraction: float,
                    page_size: int) -> dict:
     """The same pods spread over k namespaces, one Sweeper over all k (one list per page per namespace)."""
     out: dict = {"pods": len(rows), "raw": {}, "seconds": {}, "pages": {}, "api_lists": {}, "db_queries": {}}
@@ -215,7 +244,7 @@ def _by_namespaces(lab: Lab, rows: list[tuple], counts: list[int], reps: int, st
             fill(lab, ns, current + stale)
             stale_all.append((ns, stale))
         sweeper = Sweeper(kube_client=lab.core_api("sweeper", names[0]), namespaces=names, interval=0,
-                          page_size=page_size, enforcing=True, deployment=DEPLOYMENT)
+                          page_size=page_size, enforcing=True, deployment=DEPLOYMENT, witness=witness)
         n_stale = sum(len(s) for _, s in stale_all)
         samples = []
         for rep in range(reps + 1):
@@ -238,7 +267,7 @@ def _by_namespaces(lab: Lab, rows: list[tuple], counts: list[int], reps: int, st
     return out
 
 
-def _by_schedulers(lab: Lab, rows: list[tuple], counts: list[int], reps: int, stale_fraction: float,
+def _by_schedulers(lab: Lab, witness: Witness, rows: list[tuple], counts: list[int], reps: int, stale_fraction: float,
                    page_size: int) -> dict:
     """s schedulers start a sweep at the same moment over the same pods: the advisory lock lets
     one sweep and the others skip, so the work does not grow with s."""
@@ -248,7 +277,7 @@ def _by_schedulers(lab: Lab, rows: list[tuple], counts: list[int], reps: int, st
     out: dict = {"pods": len(rows), "raw": {}, "seconds": {}, "sweeps": {}, "api_lists": {}, "db_queries": {}}
     for s in counts:
         sweepers = [Sweeper(kube_client=lab.core_api("sweeper", ns), namespaces=[ns], interval=0, page_size=page_size,
-                            enforcing=True, deployment=DEPLOYMENT) for _ in range(s)]
+                            enforcing=True, deployment=DEPLOYMENT, witness=witness) for _ in range(s)]
         samples = []
         for rep in range(reps):
             fill(lab, ns, stale) if rep > 0 or s != counts[0] else None

@@ -1,4 +1,4 @@
-"""A Kubernetes API emulator (core/v1 pods and namespaces) served over real HTTP.
+"""A Kubernetes API emulator (core/v1 pods and namespaces, coordination.k8s.io/v1 leases) over real HTTP.
 
 Why: the fences must be proven across processes (schedulers, kubelet, workers) against the
 API semantics they rely on -- uids, resourceVersions, selectors, preconditions, graceful
@@ -24,6 +24,7 @@ In-process API (stable; used by tests, the process kubelet and the lab)::
     emu.set_tokens({"tok-b": "scheduler-b"})
     emu.ensure_namespace("airflow")         # emu.name == "emulator", emu.supports_faults == True
     emu.pods(ns) / emu.pod(ns, name)       # deep copies of stored objects
+    emu.leases(ns) / emu.lease(ns, name)   # (faults on lease paths: path=r"/leases(/|$)")
     emu.stop()
 
 The same subset (name, url, write_kubeconfig, set_tokens, ensure_namespace, audit, reset, pods)

@@ -176,4 +176,5 @@ class State:
         s = self.store
         return {"resourceVersion": str(s.rv), "oldestResumable": str(s.floor), "history": len(s.history),
                 "watchers": len(s.watchers), "pods": len(s.objects["pods"]),
-                "namespaces": len(s.objects["namespaces"]), "audit": len(self.audit_log), "faults": len(self.faults)}
+                "namespaces": len(s.objects["namespaces"]), "leases": len(s.objects["leases"]),
+                "audit": len(self.audit_log), "faults": len(self.faults)}

@@ -199,6 +199,13 @@ class Emulator(_Controls):
     def pod(self, namespace: str, name: str) -> dict | None:
         return copy.deepcopy(self._call(self.state.store.get, "pods", namespace, name))
 
+    def leases(self, namespace: str | None = None) -> list[dict]:
+        """Deep copies of the stored coordination.k8s.io/v1 Leases (all namespaces when None)."""
+        return copy.deepcopy(self._call(self.state.store.list, "leases", namespace))
+
+    def lease(self, namespace: str, name: str) -> dict | None:
+        return copy.deepcopy(self._call(self.state.store.get, "leases", namespace, name))
+
     def ensure_namespace(self, name: str) -> None:
         """Create namespace `name` unless it exists (pods need it only with implicit_namespaces=False)."""
         from .objects import prepare_namespace

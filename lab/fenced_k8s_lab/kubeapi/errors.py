@@ -46,25 +46,45 @@ class ApiError(Exception):
         self.body = status_body(code, message, reason, details)
 
     @classmethod
-    def not_found(cls, resource: str, name: str) -> "ApiError":
-        return cls(404, f'{resource} "{name}" not found', details={"name": name, "kind": resource})
+    def not_found(cls, resource: str, name: str, group: str = "") -> "ApiError":
+        return cls(404, f'{_qualified(resource, group)} "{name}" not found', details=_details(name, resource, group))
 
     @classmethod
-    def already_exists(cls, resource: str, name: str) -> "ApiError":
-        return cls(409, f'{resource} "{name}" already exists', "AlreadyExists", {"name": name, "kind": resource})
+    def already_exists(cls, resource: str, name: str, group: str = "") -> "ApiError":
+        return cls(409, f'{_qualified(resource, group)} "{name}" already exists', "AlreadyExists",
+                   _details(name, resource, group))
 
     @classmethod
-    def conflict(cls, resource: str, name: str, why: str) -> "ApiError":
-        return cls(
-            409, f'Operation cannot be fulfilled on {resource} "{name}": {why}', details={"name": name, "kind": resource}
-        )
+    def conflict(cls, resource: str, name: str, why: str, group: str = "") -> "ApiError":
+        return cls(409, f'Operation cannot be fulfilled on {_qualified(resource, group)} "{name}": {why}',
+                   details=_details(name, resource, group))
 
     @classmethod
-    def invalid(cls, kind: str, name: str, problems: list[str]) -> "ApiError":
-        causes = [{"reason": "FieldValueInvalid", "message": p} for p in problems]
-        msg = f'{kind} "{name}" is invalid: ' + ", ".join(problems)
-        return cls(422, msg, "Invalid", {"name": name, "kind": kind.lower() + "s", "causes": causes})
+    def invalid(cls, kind: str, name: str, problems: list[str], group: str = "") -> "ApiError":
+        """422 Invalid; each problem reads "field.path: what is wrong" (as kube's field.Error)."""
+        causes = []
+        for p in problems:
+            field, sep, what = p.partition(": ")
+            causes.append({"reason": "FieldValueInvalid", "message": what, "field": field} if sep and " " not in field
+                          else {"reason": "FieldValueInvalid", "message": p})
+        listed = problems[0] if len(problems) == 1 else "[" + ", ".join(problems) + "]"
+        msg = f'{_qualified(kind, group)} "{name}" is invalid: {listed}'
+        details = {"name": name, "kind": kind if group else kind.lower() + "s", "causes": causes}
+        if not name:
+            del details["name"]
+        if group:
+            details["group"] = group
+        return cls(422, msg, "Invalid", details)
 
     @classmethod
     def bad_request(cls, message: str) -> "ApiError":
         return cls(400, message)
+
+
+def _qualified(resource: str, group: str) -> str:
+    """kube's GroupResource.String(): "pods", "leases.coordination.k8s.io"."""
+    return f"{resource}.{group}" if group else resource
+
+
+def _details(name: str, resource: str, group: str) -> dict:
+    return {"name": name, "group": group, "kind": resource} if group else {"name": name, "kind": resource}

@@ -15,7 +15,7 @@ import re
 import uuid
 
 from .errors import ApiError
-from .selectors import validate_labels
+from .selectors import validate_annotations, validate_labels
 
 __all__ = [
     "now",
@@ -84,6 +84,8 @@ def _meta_problems(meta: dict, namespaced: bool) -> list[str]:
     ann = meta.get("annotations")
     if ann is not None and (not isinstance(ann, dict) or not all(isinstance(v, str) for v in ann.values())):
         problems.append("metadata.annotations: Invalid value: must be a map of string to string")
+    else:
+        problems += validate_annotations(ann)
     fin = meta.get("finalizers")
     if fin is not None and (not isinstance(fin, list) or not all(isinstance(f, str) and f for f in fin)):
         problems.append("metadata.finalizers: Invalid value: must be a list of non-empty strings")

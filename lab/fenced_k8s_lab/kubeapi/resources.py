@@ -1,4 +1,5 @@
-"""Handlers for core/v1 pods (and their status, binding, log subresources) and namespaces.
+"""Handlers for core/v1 pods (and their status, binding, log subresources) and namespaces
+(leases: lease_resources.py).
 
 Each handler reads a request, asks the pure modules (objects, patches, selectors) what the
 new state is, and commits it to the store. Errors are raised as ApiError.
@@ -13,11 +14,12 @@ import json
 
 from aiohttp import web
 
-from . import objects
+from . import leases, objects
 from .controls import AUDIT_KEY
 from .errors import ApiError
 from .patches import PatchDecodeError, PatchError, json_patch, merge_patch, strategic_merge_patch
-from .selectors import NAMESPACE_FIELDS, POD_FIELDS, SelectorError, parse_field_selector, parse_label_selector
+from .selectors import (LEASE_FIELDS, NAMESPACE_FIELDS, POD_FIELDS, SelectorError, parse_field_selector,
+                        parse_label_selector)
 from .store import Expired, Watcher
 from .watch import serve_watch
 
@@ -31,7 +33,10 @@ _PATCH_TYPES = {
     "application/merge-patch+json": merge_patch,
     "application/strategic-merge-patch+json": strategic_merge_patch,
 }
-_KINDS = {"pods": ("Pod", "PodList", POD_FIELDS), "namespaces": ("Namespace", "NamespaceList", NAMESPACE_FIELDS)}
+# resource -> (kind, list kind, field selectors, apiVersion, API group)
+_KINDS = {"pods": ("Pod", "PodList", POD_FIELDS, "v1", ""),
+          "namespaces": ("Namespace", "NamespaceList", NAMESPACE_FIELDS, "v1", ""),
+          "leases": ("Lease", "LeaseList", LEASE_FIELDS, leases.API_VERSION, leases.GROUP)}
 
 
 def parse_bool(value: str | None, name: str) -> bool:
@@ -109,7 +114,7 @@ class Resources:
     def _get(self, resource: str, ns: str, name: str) -> dict:
         obj = self.store.get(resource, ns, name)
         if obj is None:
-            raise ApiError.not_found(resource, name)
+            raise ApiError.not_found(resource, name, _KINDS[resource][4])
         return obj
 
     def _commit(self, resource: str, old: dict, new: dict) -> dict:
@@ -124,6 +129,12 @@ class Resources:
             return self.store.remove(resource, meta.get("namespace", ""), meta["name"])
         return stored
 
+    def _audit_object(self, request: web.Request, stored: dict) -> None:
+        if AUDIT_KEY in request:
+            m = stored["metadata"]
+            request[AUDIT_KEY].update(name=m["name"], object={"name": m["name"], "labels": m.get("labels", {}),
+                                                             "annotations": m.get("annotations", {})})
+
     def _ensure_namespace(self, ns: str) -> None:
         nsobj = self.store.get("namespaces", "", ns)
         if nsobj is None and not self.state.implicit_namespaces:
@@ -134,7 +145,7 @@ class Resources:
 
     # ------------------------------------------------------------ list / watch
     async def list_or_watch(self, request: web.Request, resource: str, ns: str | None) -> web.StreamResponse:
-        kind, list_kind, fields = _KINDS[resource]
+        kind, list_kind, fields, api_version, _ = _KINDS[resource]
         q = request.query
         watch = parse_bool(q.get("watch"), "watch")
         try:
@@ -149,7 +160,7 @@ class Resources:
             bookmarks = parse_bool(q.get("allowWatchBookmarks"), "allowWatchBookmarks")
             w = Watcher(resource, ns, labels, fsel)
             return await serve_watch(request, self.state, w, q.get("resourceVersion"), timeout, bookmarks, view,
-                                     "PartialObjectMetadata" if partial else kind)
+                                     "PartialObjectMetadata" if partial else kind, api_version)
         limit = _int(request, "limit") or 0
         if limit < 0:
             raise ApiError.bad_request("limit must be non-negative")
@@ -182,7 +193,7 @@ class Resources:
         if partial:
             return _json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
                           "items": [objects.partial(o) for o in items]})
-        return _json({"kind": list_kind, "apiVersion": "v1", "metadata": meta,
+        return _json({"kind": list_kind, "apiVersion": api_version, "metadata": meta,
                       "items": [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in items]})
 
     # ------------------------------------------------------------ pods
@@ -198,10 +209,7 @@ class Resources:
         if self.store.get("pods", ns, name) is not None:
             raise ApiError.already_exists("pods", name)
         stored = self.store.write("pods", pod, None)
-        if AUDIT_KEY in request:
-            m = stored["metadata"]
-            request[AUDIT_KEY].update(name=name, object={"name": name, "labels": m.get("labels", {}),
-                                                        "annotations": m.get("annotations", {})})
+        self._audit_object(request, stored)
         return _json(stored, 201)
 
     async def replace_pod(self, request: web.Request, ns: str, name: str, status: bool) -> web.Response:
@@ -273,7 +281,7 @@ class Resources:
         return opts
 
     @staticmethod
-    def _check_preconditions(resource: str, obj: dict, pre: object) -> None:
+    def _check_preconditions(resource: str, obj: dict, pre: object, group: str = "") -> None:
         if not pre:
             return
         if not isinstance(pre, dict):
@@ -281,9 +289,17 @@ class Resources:
         meta = obj["metadata"]
         for key, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
             want = pre.get(key)
-            if want is not None and want != meta.get(key):
+            if want is None or want == meta.get(key):
+                continue
+            if not group:
                 raise ApiError(409, f"Precondition failed: {label} in precondition: {want}, {label} in object meta: "
                                     f"{meta.get(key)}", "Conflict", {"name": meta["name"], "kind": resource})
+            kind = obj["kind"]
+            why = "deleted and then recreated" if key == "uid" else "modified"
+            raise ApiError(409, f'Operation cannot be fulfilled on {kind}.{group} "{meta["name"]}": the {label} in the '
+                                f"precondition ({want}) does not match the {label} in record ({meta.get(key)}). The "
+                                f"object might have been {why}", "Conflict",
+                           {"name": meta["name"], "group": group, "kind": kind})
 
     async def bind_pod(self, request: web.Request, ns: str, name: str) -> web.Response:
         pod = self._get("pods", ns, name)
@@ -367,8 +383,9 @@ class Resources:
         nsobj = self._get("namespaces", "", name)
         opts = await self._delete_options(request)
         self._check_preconditions("namespaces", nsobj, opts.get("preconditions"))
-        for pod in self.store.list("pods", name):
-            self.store.remove("pods", name, pod["metadata"]["name"])
+        for resource in ("pods", "leases"):
+            for obj in self.store.list(resource, name):
+                self.store.remove(resource, name, obj["metadata"]["name"])
         final = self.store.remove("namespaces", "", name)
         final = {**final, "metadata": {**final["metadata"], "deletionTimestamp": objects.now()},
                  "status": {"phase": "Terminating"}}

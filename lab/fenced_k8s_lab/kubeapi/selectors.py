@@ -16,8 +16,10 @@ __all__ = [
     "parse_label_selector",
     "parse_field_selector",
     "validate_labels",
+    "validate_annotations",
     "POD_FIELDS",
     "NAMESPACE_FIELDS",
+    "LEASE_FIELDS",
 ]
 
 
@@ -60,6 +62,25 @@ def validate_labels(labels: object) -> list[str]:
         problem = _key_error(k) or _value_error(v)
         if problem:
             errors.append(f"metadata.labels: Invalid value: {problem}")
+    return errors
+
+
+ANNOTATIONS_MAX_BYTES = 256 * 1024  # kube's TotalAnnotationSizeLimitB: keys plus values, in bytes
+
+
+def validate_annotations(annotations: object) -> list[str]:
+    """Problems with a metadata.annotations map (422): every key a qualified name (checked lower-cased,
+    as kube does), and keys plus values at most 256 KiB in all."""
+    if not isinstance(annotations, dict):
+        return []
+    errors = []
+    for k in annotations:
+        problem = _key_error(str(k).lower())
+        if problem:
+            errors.append(f'metadata.annotations: Invalid value: "{k}": {problem}')
+    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if size > ANNOTATIONS_MAX_BYTES:
+        errors.append(f"metadata.annotations: Too long: may not be more than {ANNOTATIONS_MAX_BYTES} bytes")
     return errors
 
 
@@ -235,6 +256,7 @@ POD_FIELDS = frozenset(
     }
 )
 NAMESPACE_FIELDS = frozenset({"metadata.name", "status.phase"})
+LEASE_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from . import leases
 from .controls import AUDIT_KEY, State
 from .errors import ApiError, status_body
-from .resources import Resources, _json, parse_bool
+from .lease_resources import LeaseResources
+from .resources import _json, parse_bool
 
 __all__ = ["make_app", "parse_path", "Route"]
 
@@ -41,19 +43,43 @@ API_RESOURCES = {
          "verbs": ["get", "patch", "update"]},
     ],
 }
+_GROUP_VERSION = {"groupVersion": leases.API_VERSION, "version": "v1"}
+API_GROUP = {"kind": "APIGroup", "apiVersion": "v1", "name": leases.GROUP, "versions": [_GROUP_VERSION],
+             "preferredVersion": _GROUP_VERSION}
+API_GROUPS = {"kind": "APIGroupList", "apiVersion": "v1",
+              "groups": [{k: v for k, v in API_GROUP.items() if k not in ("kind", "apiVersion")}]}
+LEASE_RESOURCES = {
+    "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": leases.API_VERSION,
+    "resources": [{"name": "leases", "singularName": "lease", "namespaced": True, "kind": "Lease",
+                   "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]}],
+}
+_LEASES_PREFIX = ["apis", leases.GROUP, "v1"]
 
 
 @dataclass(frozen=True)
 class Route:
-    resource: str | None  # "pods" | "namespaces" | None (discovery / unknown)
+    resource: str | None  # "pods" | "namespaces" | "leases" | None (discovery / unknown)
     namespace: str | None = None
     name: str | None = None
     sub: str | None = None
     watch_path: bool = False  # legacy /api/v1/watch/... form
 
 
+def _parse_lease_path(rest: list[str]) -> Route:
+    """`rest` follows /apis/coordination.k8s.io/v1: [watch/]leases or [watch/]namespaces/NS/leases[/NAME]."""
+    watch = rest[:1] == ["watch"]
+    rest = rest[1:] if watch else rest
+    if rest == ["leases"]:
+        return Route("leases", watch_path=watch)
+    if len(rest) < 3 or rest[0] != "namespaces" or rest[2] != "leases" or len(rest) > 5:
+        return Route(None)
+    return Route("leases", rest[1], rest[3] if len(rest) > 3 else None, rest[4] if len(rest) > 4 else None, watch)
+
+
 def parse_path(path: str) -> Route:
     seg = [s for s in path.split("/") if s]
+    if seg[:3] == _LEASES_PREFIX and len(seg) > 3:
+        return _parse_lease_path(seg[3:])
     watch = False
     if seg[:3] == ["api", "v1", "watch"]:
         seg, watch = seg[:2] + seg[3:], True
@@ -78,6 +104,8 @@ def _verb(method: str, route: Route, query) -> str:
         if route.name:
             return "get"
         return "watch" if route.watch_path or query.get("watch") in ("1", "t", "T", "TRUE", "true", "True") else "list"
+    if method == "DELETE" and route.resource is not None and route.name is None:
+        return "deletecollection"
     return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
 
 
@@ -99,7 +127,7 @@ async def _hang_then_drop(request: web.Request, seconds: float | None) -> None:
 
 
 def make_app(state: State) -> web.Application:
-    res = Resources(state)
+    res = LeaseResources(state)
 
     @web.middleware
     async def middleware(request: web.Request, handler):
@@ -159,7 +187,11 @@ def make_app(state: State) -> web.Application:
             return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
                 {"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}]})
         if path == "/apis":
-            return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+            return _json(API_GROUPS)
+        if path == "/apis/" + leases.GROUP:
+            return _json(API_GROUP)
+        if path == "/apis/" + leases.API_VERSION:
+            return _json(LEASE_RESOURCES)
         if path == "/api/v1":
             return _json(API_RESOURCES)
         r = parse_path(path)
@@ -181,6 +213,8 @@ def make_app(state: State) -> web.Application:
                 if m == "DELETE":
                     return await res.delete_namespace(request, r.name)
             raise _not_allowed(m)
+        if r.resource == "leases":
+            return await _leases(request, r)
         ns, name, sub = r.namespace, r.name, r.sub
         if name is None:
             if m == "GET":
@@ -203,6 +237,24 @@ def make_app(state: State) -> web.Application:
             handlers = {"GET": lambda: res.pod_log(request, ns, name)}
         else:
             raise _not_found_path()
+        if m not in handlers:
+            raise _not_allowed(m)
+        return await handlers[m]()
+
+    async def _leases(request: web.Request, r: Route) -> web.StreamResponse:
+        m, ns, name = request.method, r.namespace, r.name
+        if r.sub is not None:
+            raise _not_found_path()
+        if name is None:
+            handlers = {"GET": lambda: res.list_or_watch(request, "leases", ns)}
+            if ns is not None:
+                handlers["POST"] = lambda: res.create_lease(request, ns)
+                handlers["DELETE"] = lambda: res.delete_lease_collection(request, ns)
+        else:
+            handlers = {"GET": lambda: res.get(request, "leases", ns, name),
+                        "PUT": lambda: res.replace_lease(request, ns, name),
+                        "PATCH": lambda: res.patch_lease(request, ns, name),
+                        "DELETE": lambda: res.delete_lease(request, ns, name)}
         if m not in handlers:
             raise _not_allowed(m)
         return await handlers[m]()

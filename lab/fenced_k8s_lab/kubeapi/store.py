@@ -25,7 +25,7 @@ class Expired(Exception):
 class Event:
     rv: int
     type: str  # ADDED | MODIFIED | DELETED
-    resource: str  # "pods" | "namespaces"
+    resource: str  # "pods" | "namespaces" | "leases"
     old: dict | None  # state before the write (None for ADDED)
     new: dict  # state after the write; for DELETED the final object stamped with the delete's rv
 
@@ -77,7 +77,7 @@ class Watcher:
 class Store:
     def __init__(self, history_size: int = 1000, snapshot_limit: int = 256):
         self.rv = 0
-        self.objects: dict[str, dict[tuple[str, str], dict]] = {"pods": {}, "namespaces": {}}
+        self.objects: dict[str, dict[tuple[str, str], dict]] = {"pods": {}, "namespaces": {}, "leases": {}}
         self.history: deque[Event] = deque(maxlen=max(1, history_size))
         self.floor = 0  # events with rv > floor are all still in history
         self.watchers: set[Watcher] = set()

@@ -33,7 +33,7 @@ def _gone(request: web.Request) -> bool:
 
 async def serve_watch(request: web.Request, state, watcher: Watcher, rv_param: str | None,
                       timeout: int | None, bookmarks: bool, view: Callable[[dict], dict],
-                      kind: str) -> web.StreamResponse:
+                      kind: str, api_version: str = "v1") -> web.StreamResponse:
     store = state.store
     initial: list[tuple[str, dict]] = []
     expired = None
@@ -63,7 +63,7 @@ async def serve_watch(request: web.Request, state, watcher: Watcher, rv_param: s
             return resp
         for kind_, obj in initial:
             await resp.write(_line(kind_, view(obj)))
-        await _pump(request, resp, state, watcher, timeout, bookmarks, view, kind)
+        await _pump(request, resp, state, watcher, timeout, bookmarks, view, kind, api_version)
         await resp.write_eof()
     except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
         pass
@@ -72,7 +72,7 @@ async def serve_watch(request: web.Request, state, watcher: Watcher, rv_param: s
     return resp
 
 
-async def _pump(request, resp, state, watcher: Watcher, timeout, bookmarks, view, kind) -> None:
+async def _pump(request, resp, state, watcher: Watcher, timeout, bookmarks, view, kind, api_version) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout if timeout else None
     next_bookmark = loop.time() + state.bookmark_interval if bookmarks else None
@@ -95,7 +95,7 @@ async def _pump(request, resp, state, watcher: Watcher, timeout, bookmarks, view
             return
         if item[0] == "bookmark":
             if bookmarks:
-                await resp.write(_line("BOOKMARK", {"kind": kind, "apiVersion": "v1",
+                await resp.write(_line("BOOKMARK", {"kind": kind, "apiVersion": api_version,
                                                     "metadata": {"resourceVersion": str(item[1])}}))
             continue
         _, kind_, obj = item
