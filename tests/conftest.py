@@ -10,13 +10,15 @@ against. Both backends share this interface:
     backend.write_kubeconfig(path, token="scheduler-1", namespace="default") -> path
     backend.set_tokens({"scheduler-1": "scheduler-1"})   # real: no-op (token == user name,
                                       #   pre-provisioned: test, kubelet, conformance, lab, admin,
-                                      #   kubelet-lab-node, scheduler-1..scheduler-200, ...)
+                                      #   kubelet-lab-node, scheduler-1..scheduler-200, ...; rbac-1..
+                                      #   rbac-4 are not system:masters: real.grant(user, ns, rules))
     backend.ensure_namespace(name)    # real apiservers need namespaces to exist
     backend.audit(since=0)            # [{index, ts, who, verb, path, query, namespace, name,
-                                      #   resource, subresource, code}]; real: pods only, from the
-                                      #   audit log (entries appear when the response completes)
+                                      #   resource, subresource, code}]; real: pods and leases only,
+                                      #   from the audit log (entries appear when the response completes)
     backend.reset()                   # emulator: drop everything; real: delete all non-system
-                                      #   pods at once and restart the audit view at index 0
+                                      #   pods and leases at once, restart the audit view at index 0
+    backend.leases(ns=None)           # the stored coordination.k8s.io/v1 Leases (dicts)
     backend.supports_faults           # True only for the emulator: read faults, drops, hangs,
     backend.compact() / close_watches()   #   compaction, watch closing (real: NotImplementedError)
     backend.supports_write_faults     # True for both: add_fault(method=POST|PATCH|PUT|DELETE,

@@ -19,6 +19,25 @@ def test_backend_kubeconfig_audit_reset(kube, tmp_path):
     assert v1.list_namespaced_pod("kb-test").items == []
 
 
+def test_backend_audits_and_reset_drops_leases(kube, tmp_path):
+    kube.ensure_namespace("kb-leases")
+    kube.set_tokens({"test": "test"})
+    kc = kube.write_kubeconfig(str(tmp_path / "kc"), token="test", namespace="kb-leases")
+    coord = client.CoordinationV1Api(config.new_client_from_config(config_file=kc))
+    coord.create_namespaced_lease("kb-leases", {"metadata": {"name": "w", "finalizers": ["fenced.test/keep"]},
+                                                "spec": {"holderIdentity": "test"}})
+    coord.patch_namespaced_lease("w", "kb-leases", {"spec": {"leaseDurationSeconds": 5}},
+                                 _content_type="application/merge-patch+json")
+    assert [(e["who"], e["verb"], e["resource"], e["namespace"], e["name"], e["code"]) for e in kube.audit()] == [
+        ("test", "create", "leases", "kb-leases", "w", 201), ("test", "patch", "leases", "kb-leases", "w", 200)]
+    assert [x["metadata"]["name"] for x in kube.leases("kb-leases")] == ["w"]
+    kube.reset()  # a finalizer does not keep it
+    assert kube.audit() == []
+    assert coord.list_namespaced_lease("kb-leases").items == []
+    # only a real apiserver's own identity leases stay (kube-system)
+    assert {x["metadata"]["namespace"] for x in kube.leases()} <= {"kube-system", "kube-node-lease"}
+
+
 def test_missing_assets_give_the_reason(tmp_path, monkeypatch):
     from fenced_k8s_lab.controlplane import ControlPlane, find_assets
 

@@ -35,7 +35,8 @@ from helmrender import (
 
 yaml = pytest.importorskip("yaml")
 
-VALUES_FILES = sorted(HELM_VALUES.glob("*.yaml"))
+#: The values files (witness-rbac.yaml is a manifest applied beside the chart, not values).
+VALUES_FILES = sorted(p for p in HELM_VALUES.glob("*.yaml") if p.name != "witness-rbac.yaml")
 FENCED = [p for p in VALUES_FILES if p.name.startswith("fenced-")]
 STOCK = [p for p in VALUES_FILES if p.name.startswith("stock-")]
 KIND_FILES = [p for p in VALUES_FILES if p.name.endswith("-ha.yaml")]  # installed by kind-config/up.sh
@@ -335,3 +336,66 @@ def test_the_overlay_lets_the_hold_taint_hold_only_worker_pods(path, render):
     db = [d for d in yaml.safe_load_all((ROOT / "kind-config" / "postgres.yaml").read_text()) if d]
     (deploy,) = [d for d in db if d["kind"] == "Deployment"]
     assert TOLERATION in deploy["spec"]["template"]["spec"]["tolerations"]
+
+
+# --------------------------------------------------------------------------- layered values files (issue 54)
+
+TEAM_ENV = {"env": [{"name": "TEAM_SETTING", "value": "from-the-second-file"}]}
+
+
+def _helm_md_layered_block() -> dict:
+    """The values block docs/helm.md gives for layered files (its section's yaml block)."""
+    section = (ROOT / "docs" / "helm.md").read_text().split("### Layered values files", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```yaml\n(.*?)^```", section, re.M | re.S)
+    return yaml.safe_load(block)
+
+
+def test_a_second_env_list_drops_the_override(render, airflow_config):
+    """The trap: Helm replaces lists, so a second file's `env:` list loses AIRFLOW__CORE__EXECUTOR; the
+    section stays (the stock scheduler warns that nothing reads it)."""
+    rendered = render(PRODUCTION, TEAM_ENV)
+    resolved = airflow_config(rendered)
+    assert resolved["core.executor"] == "KubernetesExecutor"
+    assert resolved[f"{SECTION}.mode"] == "audit"
+
+
+def test_the_extra_env_override_survives_a_second_env_list(render, airflow_config):
+    rendered = render(PRODUCTION, _helm_md_layered_block(), TEAM_ENV)
+    assert airflow_config(rendered)["core.executor"] == FENCED_CLASS
+    assert env_of(rendered.container("scheduler"))["TEAM_SETTING"] == "from-the-second-file"
+    for where, container in rendered.airflow_containers():
+        if "log-groomer" not in container["name"]:
+            assert env_of(container).get("AIRFLOW__CORE__EXECUTOR") == FENCED_CLASS, where
+    base = next(c for c in rendered.pod_template()["spec"]["containers"] if c["name"] == "base")
+    assert env_of(base)["AIRFLOW__CORE__EXECUTOR"] == FENCED_CLASS  # extraEnv comes after the chart's own entry
+    _check_scheduler_can_launch_pods(rendered)
+
+
+def test_an_unquoted_mode_off_renders_false_and_is_refused_saying_to_quote_it(render, airflow_config, tmp_path):
+    from fenced_k8s_executor import config
+
+    overlay = tmp_path / "mode-off-unquoted.yaml"
+    overlay.write_text("config:\n  fenced_kubernetes_executor:\n    mode: off\n")
+    rendered_mode = airflow_config(render(PRODUCTION, overlay))[f"{SECTION}.mode"]
+    assert rendered_mode.lower() == "false"
+    with pytest.raises(config.FencedConfigError, match='quote it, mode: "off"'):
+        config.parse({"mode": rendered_mode})
+    assert airflow_config(render(PRODUCTION, ROLLOUT / "mode-off.yaml"))[f"{SECTION}.mode"] == "off"
+
+
+def test_the_witness_rbac_binds_the_rendered_scheduler_exactly_the_lease_verbs_it_needs(render):
+    """helm-values/witness-rbac.yaml, applied beside the chart as the node install applies it
+    (``chart.witness_rbac``): it binds the ServiceAccount the chart gives the scheduler, and grants
+    exactly what the witness does (create, patch) and `airflow fenced-k8s pods` reads (get), on
+    leases only."""
+    from fenced_k8s_lab.chart import witness_rbac
+    from fenced_k8s_executor.witness import VERBS
+
+    rendered = render(PRODUCTION)
+    account = rendered.workload("scheduler")["spec"]["template"]["spec"]["serviceAccountName"]
+    role, binding = witness_rbac(RELEASE, NAMESPACE)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "create", "patch"]}]
+    assert set(VERBS) | {"get"} == set(role["rules"][0]["verbs"])

@@ -12,6 +12,7 @@ execution API routes. The test plays the kubelet (pod status) and picks the orde
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 import uuid
@@ -86,6 +87,7 @@ class World:
     children: list = field(default_factory=list)
     _users: int = 0
     driver: str = "psycopg2"  # the metadata DB driver of Airflow's ORM in this world (``world_driver``)
+    _witness: Any = None  # the world's own witness (``World.witness``)
 
     @property
     def emulator(self):  # the name older tests use for the Kubernetes API under test
@@ -100,15 +102,17 @@ class World:
         return self.airflow.create_run(self.dag_id)
 
     def scheduler(self, kind: str, *, start: bool = True, batch_size: int = 8, hostname: str | None = None,
-                  **options: str) -> Scheduler:
+                  user: str | None = None, **options: str) -> Scheduler:
         """A scheduler (real Job row + SchedulerJobRunner) around a stock or fenced executor.
 
         ``options`` are ``[fenced_kubernetes_executor]`` options. ``start=False`` leaves the
         executor unstarted: enough to queue (pre-assign tokens) for a scheduler that dies.
         ``hostname``: the host its Job row names (default: one of its own, as each scheduler pod
-        of a Deployment has; give a stopped scheduler's to model its restart on the same host)."""
+        of a Deployment has; give a stopped scheduler's to model its restart on the same host).
+        ``user``: its Kubernetes user (default a fresh ``scheduler-N``; an RBAC user of the real
+        apiserver to run it with exactly the rules a test grants)."""
         self._users += 1
-        user = f"scheduler-{self._users}"
+        user = user or f"scheduler-{self._users}"
         kc = self.backend.write_kubeconfig(str(self.tmp_path / f"{user}.kubeconfig"), token=user,
                                            namespace=self.namespace)
         self.backend.set_tokens({user: user, "test": "test"})
@@ -144,10 +148,11 @@ class World:
         return sched.requeue_stuck(self.dag_id, self.run_id, trigger=trigger)
 
     def scheduler_process(self, kind: str, *, hostname: str, batch_size: int = 8,
-                          env: dict | None = None) -> "ChildScheduler":
+                          env: dict | None = None, serve: bool = False) -> "ChildScheduler":
         """A scheduler in its own process (``scheduler_child.py``) that queues this world's run,
         creates its pods and loops until it is killed (``ChildScheduler.kill``: SIGKILL). ``env``:
-        variables of its own (another address for the metadata DB, say)."""
+        variables of its own (another address for the metadata DB, say); ``serve``: it also takes
+        commands (``ChildScheduler.do``) and queues again what a clear or a retry sends back."""
         import json
         import subprocess
         import sys
@@ -158,12 +163,14 @@ class World:
         kc = self.backend.write_kubeconfig(str(self.tmp_path / f"{user}.kubeconfig"), token=user,
                                            namespace=self.namespace)
         self.backend.set_tokens({user: user, "test": "test"})
-        env = {**os.environ, "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": kc,
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": kc,
                "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": str(batch_size), **(env or {})}
         from scheduler_child import READY
 
         script = Path(__file__).with_name("scheduler_child.py")
-        proc = subprocess.Popen([sys.executable, str(script), kind, self.dag_id, self.run_id, hostname], env=env,
+        proc = subprocess.Popen([sys.executable, str(script), kind, self.dag_id, self.run_id, hostname]
+                                + ["--serve"] * serve, env=env,
+                                stdin=subprocess.PIPE if serve else None,
                                 stdout=subprocess.PIPE, stderr=open(self.tmp_path / f"{user}.log", "wb"),
                                 start_new_session=True, text=True)
         with open(self.tmp_path / f"{user}.out", "a") as out:
@@ -177,9 +184,10 @@ class World:
             proc.wait(timeout=10)
             raise RuntimeError(f"child scheduler exited: {(self.tmp_path / f'{user}.log').read_text()[-3000:]}")
         ready, _ = json.JSONDecoder().raw_decode(line[len(READY):])  # a log line may follow on the same line
-        # Its output keeps coming: read on into its log, or a full pipe would stall the child mid-loop.
-        threading.Thread(target=_drain, args=(proc.stdout, self.tmp_path / f"{user}.out"), daemon=True).start()
         child = ChildScheduler(proc, ready["job_id"], user, hostname)
+        # Its output keeps coming: read on into its log, or a full pipe would stall the child mid-loop.
+        threading.Thread(target=_drain, args=(proc.stdout, self.tmp_path / f"{user}.out", child.answers),
+                         daemon=True).start()
         self.children.append(child)
         return child
 
@@ -254,9 +262,12 @@ class World:
         return names[0]
 
     def stale_pod(self, row: Row, token: str, *, sched: Scheduler, phase: str = "Pending", name: str | None = None,
-                  container_reason: str | None = None, deployment: str | None = None) -> str:
+                  container_reason: str | None = None, deployment: str | None = None,
+                  launcher: dict | None = None) -> str:
         """A pod the fenced executor of ``sched`` made earlier for launch ``token`` of ``row``
-        (a launch whose pod no watcher reported, e.g. created after its revoke)."""
+        (a launch whose pod no watcher reported, e.g. created after its revoke), stamped with
+        ``sched``'s launcher as the executor stamps it; ``launcher``: these launcher annotations
+        instead (``{}``: none, as 0.2 stamped)."""
         from fenced_k8s_executor.launch import LaunchIdentity
 
         launch = _launch(row, token, sched.job_id, deployment or our_deployment())
@@ -269,7 +280,8 @@ class World:
                   "task_id": row.task_id, "try_number": str(row.try_number), "run_id": row.run_id,
                   **launch.labels(), provider_compat.TASK_INSTANCE_ID_LABEL: row.id}
         annotations = {"dag_id": row.dag_id, "task_id": row.task_id, "try_number": str(row.try_number),
-                       "run_id": row.run_id, **launch.annotations(), provider_compat.TASK_INSTANCE_ID_ANNOTATION: row.id}
+                       "run_id": row.run_id, **launch.annotations(), provider_compat.TASK_INSTANCE_ID_ANNOTATION: row.id,
+                       **(launcher if launcher is not None else _launcher_of(sched))}
         assert isinstance(launch, LaunchIdentity)
         body = {"metadata": {"name": name, "labels": labels, "annotations": annotations},
                 "spec": {"restartPolicy": "Never", "containers": [{"name": "base", "image": "x"}]}}
@@ -289,11 +301,41 @@ class World:
         return row1, self.stale_pod(row1, row1.token, sched=dead)
 
     def sweeper(self, **options: Any):
-        """A Sweeper of this world's namespace for this deployment, outside any scheduler."""
+        """A Sweeper of this world's namespace for this deployment, outside any scheduler's loop: with
+        the witness of a scheduler job of its own, as the sweep of a live scheduler has it."""
         from fenced_k8s_executor.sweep import Sweeper
 
+        if "witness" not in options and _has_witness():
+            options["witness"] = self.witness()
         return Sweeper(kube_client=self.kube, namespaces=[self.namespace], interval=1, page_size=50,
                        enforcing=True, deployment=our_deployment(), **options)
+
+    def witness(self):
+        """The witness (``witness.Witness``) of a scheduler job of its own, renewed once: what a live
+        fenced scheduler's sweep and loop consult."""
+        if self._witness is None:
+            from fenced_k8s_executor.witness import Witness
+
+            job = Scheduler.new_job(hostname="sweeper")
+            self._witness = Witness(self.kube, self.namespace, our_deployment(), job.id, host="sweeper",
+                                    interval=1.0, alive_for=1.0)
+            self._witness.start(wait=30)
+        return self._witness
+
+    def witnessed(self, *scheds: Scheduler, timeout: float = 30.0) -> None:
+        """Wait until each fenced scheduler's witness can judge every live scheduler's pods (its peers
+        heartbeat meanwhile, as live schedulers do): what a scheduler's first heartbeat intervals
+        give it after a start (docs/design.md, the witness). Quick with a short
+        ``[scheduler] scheduler_heartbeat_sec`` (the witness renews at that rate)."""
+        deadline = time.monotonic() + timeout
+        for sched in scheds:
+            witness = getattr(sched.executor, "witness", None)
+            while witness is not None and not witness.view.ready:
+                assert time.monotonic() < deadline, f"{sched.user}'s witness never judged its peers: {witness.view}"
+                for peer in self.schedulers:
+                    if peer.job.state == "running":
+                        peer.heartbeat()
+                time.sleep(0.1)
 
     def audit(self) -> list[dict]:
         return self.backend.audit()
@@ -313,10 +355,17 @@ class World:
             time.sleep(0.2)
 
 
-def _drain(stream, path) -> None:
+def _drain(stream, path, answers) -> None:
+    import json
+
+    from scheduler_child import DONE
+
     with open(path, "a") as out:
         for line in stream:
             out.write(line)
+            out.flush()  # read by the test while the child runs
+            if DONE in line:
+                answers.put(json.JSONDecoder().raw_decode(line[line.index(DONE) + len(DONE):])[0])
 
 
 @dataclass
@@ -327,6 +376,19 @@ class ChildScheduler:
     job_id: int
     user: str
     hostname: str
+    answers: Any = field(default_factory=queue.Queue)
+    audit_from: int = 0  # the API server's audit index when it started (set by the test that wants it)
+
+    def do(self, op: str, timeout: float = 60.0, **args: Any) -> dict:
+        """One command carried out between two of its loops (``scheduler_child.py --serve``)."""
+        import json
+
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        answer = self.answers.get(timeout=timeout)
+        if "error" in answer:
+            raise RuntimeError(f"the child scheduler could not {op}: {answer['error']}")
+        return answer
 
     def kill(self) -> None:
         """SIGKILL its whole process group (the scheduler, its watcher and Manager processes), as
@@ -338,6 +400,33 @@ class ChildScheduler:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=30)
+
+
+def _has_witness() -> bool:
+    """Whether the installed package has a witness (the code before issue 52 has none)."""
+    try:
+        import fenced_k8s_executor.witness  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _launcher_of(sched: Scheduler) -> dict:
+    """The launcher annotations ``sched``'s fenced executor stamps (its job and the job's start)."""
+    try:
+        from fenced_k8s_executor.launch import Launcher
+    except ImportError:
+        return {}
+    from airflow.utils import timezone
+
+    started = sched.job.start_date
+    if started is None:
+        return {}
+    started = timezone.coerce_datetime(started)
+    try:
+        return Launcher(sched.job_id, started).annotations()
+    except TypeError:  # builds before the witness also stamped a heartbeat (for runs on the code before it)
+        return Launcher(sched.job_id, started, sched.job.latest_heartbeat or started).annotations()
 
 
 def _launch(row: Row, token: str, job_id: int, deployment: str | None):
@@ -449,6 +538,8 @@ def _open_world(backend, metadata_db, airflow, tmp_path, monkeypatch, task_ids: 
             child.kill()
         for sched in w.schedulers:
             sched.stop()
+        if w._witness is not None:
+            w._witness.stop()
         airflow.retire(dag_id)  # its leftover TIs must not reach the next test's schedulers
 
 

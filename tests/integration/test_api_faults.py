@@ -135,7 +135,9 @@ def watch_gap(world, sched, seconds: float = 2.0) -> None:
 
 
 def audit_count(world, sched, verb: str) -> int:
-    return sum(1 for e in world.audit() if e.get("who") == sched.user and e.get("verb") == verb)
+    """Pod calls of ``verb`` (the witness's Lease calls are not the provider's or the fences' pod calls)."""
+    return sum(1 for e in world.audit() if e.get("who") == sched.user and e.get("verb") == verb
+               and e.get("resource", "pods") == "pods")
 
 
 # ---------------------------------------------------------------------------- item 4: watch

@@ -287,7 +287,7 @@ def _table_locked(pg_server, database: str):
 def test_a_fence_statement_queued_behind_a_lock_fails_within_its_bound(metadata_db, pg_server, airflow_engine):
     """``statement_timeout`` in each statement's own transaction: the loop's read, a one-off read
     (the sweep's, adoption's, the CLI's, the slot release's) and the api-server's run gate each
-    give up within ``db.STATEMENT_TIMEOUT_MS`` while the table is locked (SQLSTATE 57014, query
+    give up within ``db.bounds().statement_ms`` while the table is locked (SQLSTATE 57014, query
     canceled: a failed check, nothing decided), and read again once it is free. The sweep's
     advisory lock takes its transaction from ``db.bounded_connection``, bounded the same way."""
     from sqlalchemy import text
@@ -307,7 +307,8 @@ def test_a_fence_statement_queued_behind_a_lock_fails_within_its_bound(metadata_
         assert ledger.read_rows([NO_TASK]) == {}
         assert run_gate.read_row_token(uuid.uuid4()) is run_gate._MISSING
         with db.bounded_connection() as conn:
-            assert conn.execute(text("SHOW statement_timeout")).scalar() == f"{db.STATEMENT_TIMEOUT_MS // 1000}s"
+            setting = "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'"  # in ms
+            assert conn.execute(text(setting)).scalar() == str(db.bounds().statement_ms)
     finally:
         reads.close()
 
@@ -354,3 +355,80 @@ def test_a_bound_the_operator_set_in_the_url_is_kept(metadata_db, monkeypatch):
     finally:
         db.dispose()
         engine.dispose()
+
+
+@pytest.fixture
+def cuts(monkeypatch):
+    """The ``db.cut`` metrics counted in this process, by operation (the watchdog's cuts)."""
+    from fenced_k8s_executor import metrics
+
+    counted: list[str] = []
+    original = metrics.incr
+
+    def incr(name, tags=None, count=1):
+        if name == "db.cut":
+            counted.append((tags or {}).get("operation"))
+        return original(name, tags, count)
+
+    monkeypatch.setattr(metrics, "incr", incr)
+    return counted
+
+
+def test_a_black_hole_in_the_middle_of_a_statement_is_cut_within_its_bound(
+        hop, airflow_engine, metadata_db, pg_server, cuts, monkeypatch):
+    """(issue 52, item 5) The loop's statement reaches the server and queues behind a lock; then
+    the hop forgets the flow, so the answer falls into a black hole. Nothing the client sent is
+    unacknowledged, so ``tcp_user_timeout`` never fires, and the server's ``statement_timeout``
+    answers into the hole: before the watchdog the read waited for the keepalives (idle 30 s, then
+    a probe unanswered for ``tcp_user_timeout``: about 40 s, more than the default 30 s
+    ``scheduler_health_check_threshold``). The watchdog cuts it at ``db.bounds().operation``
+    (bounds of a 14 s threshold here): a transient error, and the next read goes on a new flow."""
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", "14")
+    db.dispose()  # built again with it
+    reads = ledger.InFlightReads()
+    try:
+        assert reads.read([NO_TASK], [_launch()]).rows == {}
+        old = _client_port(reads)
+        with _table_locked(pg_server, metadata_db.url.database):
+            done: list = []
+            reader = threading.Thread(target=lambda: done.append(_outcome(reads)), daemon=True)
+            reader.start()
+            _until_queued(pg_server, metadata_db.url.database)
+            assert hop.forget() >= {old}  # mid-statement: the server has it, its answer will be dropped
+        reader.join(WATCHDOG)
+        if reader.is_alive():
+            hop.sever()
+
+        assert not reader.is_alive(), f"the read was still blocked after {WATCHDOG:.0f} s in a black hole"
+        assert isinstance(done[0], Exception) and sqlstate.transient(done[0]), done
+        assert cuts == ["statement"], f"ended by {done[0]!r}, not by the fences' bound"
+        assert reads.read([NO_TASK], [_launch()]).rows == {}
+        assert _client_port(reads) != old and _client_port(reads) in hop.flows()
+    finally:
+        reads.close()
+
+
+def _outcome(reads: ledger.InFlightReads):
+    try:
+        return reads.read([NO_TASK], [_launch()])
+    except Exception as error:  # noqa: BLE001 - handed to the test
+        return error
+
+
+def _until_queued(pg_server, database: str) -> None:
+    """Until a backend of ``database`` waits for a lock."""
+    import psycopg2
+
+    deadline = time.monotonic() + WATCHDOG
+    conn = psycopg2.connect(host="127.0.0.1", port=pg_server.port, user="postgres", dbname=database)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cursor:
+            while True:
+                cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'")
+                if cursor.fetchone()[0]:
+                    return
+                assert time.monotonic() < deadline, "the read never queued behind the lock"
+                time.sleep(0.02)
+    finally:
+        conn.close()

@@ -16,6 +16,13 @@ import pytest
 
 from fenced_k8s_executor.names import TOKEN_ANNOTATION
 
+@pytest.fixture
+def quick_witness(monkeypatch):
+    """Heartbeats, and so the witness's renewals, every 0.2 s: a peer is seen writing to the database
+    within a fraction of a second (``World.witnessed``)."""
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC", "0.2")
+
+
 KINDS = ["stock", "fenced"]
 
 
@@ -66,7 +73,7 @@ def test_a_pending_pod_is_not_forgotten_while_its_task_waits_scheduled_under_the
 
 @pytest.mark.parametrize("creator_state", ["live", "stopped"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_superseded_launch_whose_pod_started_dies_within_one_loop(world, kind, creator_state):
+def test_a_superseded_launch_whose_pod_started_dies_within_one_loop(world, kind, creator_state, quick_witness):
     """Items 2 and 7. The pod of a launch that was current when it started (kubelet: Running), whose
     task is cleared while the worker boots, before ``/run``. Provider 10.25 reports nothing when a
     pod starts, and 0.1.0 re-checked Pending pods only: the pod lived until its ``/run`` met 404."""
@@ -81,6 +88,7 @@ def test_a_superseded_launch_whose_pod_started_dies_within_one_loop(world, kind,
     world.airflow.clear(first)  # a user clears the task: a new id, the token wiped
     world.queue(peer)  # re-queued by the peer: a new launch
     assert world.row("t1").id != first.id
+    world.witnessed(peer)  # the peer has seen its peers write here (or stop), as it has once running
     peer.executor.sync()  # one loop of the peer
     if kind == "stock":
         assert _alive(world, first, started), "stock executor no longer leaves the started superseded pod"
@@ -119,7 +127,7 @@ def test_the_pod_the_task_last_ran_on_is_left_to_finish_until_the_next_try_start
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_live_peer_whose_api_calls_fail_leaves_no_superseded_pod_alive(world, kind):
+def test_a_live_peer_whose_api_calls_fail_leaves_no_superseded_pod_alive(world, kind, quick_witness):
     """Item 3. Scheduler A's API calls fail fast (503: an overloaded API server or webhook, broken
     RBAC) while it keeps heartbeating. Its task is cleared and re-queued by peer B: 0.1.0 left A's
     Pending pods to A, whose deletes fail; every live scheduler now deletes them."""
@@ -139,6 +147,7 @@ def test_a_live_peer_whose_api_calls_fail_leaves_no_superseded_pod_alive(world, 
     world.queue(peer)
     creator.executor.sync()  # its own loop: every call fails, nothing is deleted
     creator.heartbeat()  # alive, as far as the database can tell
+    world.witnessed(peer)  # the peer has seen the creator write here, as it has once running
     peer.executor.sync()  # one loop of the peer
     world.backend.clear_faults()
     if kind == "stock":
@@ -153,7 +162,9 @@ def test_a_live_peer_whose_api_calls_fail_leaves_no_superseded_pod_alive(world, 
 
 
 @pytest.mark.parametrize("annotation,value,fenced", [
-    ("fenced-k8s-executor.io/scheduler-job-id", "99999999999", True),  # beyond a 32-bit integer
+    # beyond a 32-bit integer: its launcher is a job this database never had (the witness's
+    # ELSEWHERE since issue 52: never deleted, whatever its token says)
+    ("fenced-k8s-executor.io/scheduler-job-id", "99999999999", False),
     ("map_index", "4294967296", False),
     ("fenced-k8s-executor.io/ti-id", "not-a-uuid", False),
 ], ids=["scheduler-job-id", "map-index", "ti-id"])

@@ -252,6 +252,13 @@ def test_a_schedulers_loop_creates_and_fences_as_before_among_hostile_pods(world
     loop()
 
 
+def _observed(world):
+    """The witness as ``airflow fenced-k8s pods`` reads it."""
+    from fenced_k8s_executor import witness
+
+    return witness.observe(world.kube, world.namespace, our_deployment(), interval=1.0, alive_for=1.0)
+
+
 def test_the_sweep_and_the_cli_judge_the_good_pods_and_leave_the_hostile_ones(world):
     """The sweep deletes every good stale pod and no hostile one, with no error; ``airflow
     fenced-k8s pods`` reports each hostile pod as malformed (enforce would keep it), and the stale
@@ -267,7 +274,7 @@ def test_the_sweep_and_the_cli_judge_the_good_pods_and_leave_the_hostile_ones(wo
     def sweep(hostile):
         planted = plant(world, row, sched.job_id, hostile)
         doomed = stale(world, row, sched.job_id)
-        survey = {r["pod"]: r for r in cli.survey(world.kube, [world.namespace], ours)}
+        survey = {r["pod"]: r for r in cli.survey(world.kube, [world.namespace], ours, view=_observed(world))}
         for field, name in planted.items():
             assert survey[name]["enforce would"] == cli.KEEP, survey[name]
             assert survey[name]["standing"].startswith(f"malformed: {_reason(field)} "), survey[name]
@@ -366,7 +373,8 @@ def test_a_region_that_is_no_uuid_no_longer_stalls_every_schedulers_loop(with_re
         (p.metadata.annotations or {}).get(TOKEN_ANNOTATION) == new.token for p in world.live_pods(new))), \
         "the next launch got no pod"
     assert world.sweeper().run_once().errors == []
-    survey = {r["pod"]: r for r in cli.survey(world.kube, [world.namespace], Deployment(our_deployment(), "database"))}
+    survey = {r["pod"]: r for r in cli.survey(world.kube, [world.namespace], Deployment(our_deployment(), "database"),
+                                                 view=_observed(world))}
     assert survey[bad]["standing"] == "malformed: region_id is not a UUID" and alive(world, bad)
 
 
@@ -450,7 +458,8 @@ def test_an_annotation_that_is_not_utf8_costs_that_pod_alone(real_apiserver, wor
     refs, _ = pods.list_with_version(world.kube, world.namespace, label_selector="kubernetes_executor=True")
     by_name = {ref.name: ref for ref in refs}
     assert by_name[bad].launch.malformed.startswith("dag_id ")  # the bytes as written, refused
-    survey = {r["pod"]: r for r in cli.survey(world.kube, [world.namespace], Deployment(our_deployment(), "database"))}
+    survey = {r["pod"]: r for r in cli.survey(world.kube, [world.namespace], Deployment(our_deployment(), "database"),
+                                                 view=_observed(world))}
     assert survey[bad]["standing"].startswith("malformed: dag_id ")
     report = world.sweeper().run_once()
     assert report.errors == [] and gone(world, doomed) == doomed

@@ -25,6 +25,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from interleavings.ground import HopRoute
 from interleavings.harness import STOCK_CANNOT, Env, Profile, budget, recorded_invariants, waived_gaps
 from interleavings.machine import InterleavingMachine
+from interleavings.script import play
 
 pytestmark = pytest.mark.integration
 
@@ -103,3 +104,41 @@ def test_stock_executor_breaks_the_fenced_promises(checker):
         if "superseded_pending_lingers" in broken:
             break
     assert "superseded_pending_lingers" in broken, f"stock kept the per-loop fence promise; broke only {broken}"
+
+
+#: Issue 55's finding, the steps that matter (1, 2, 3 and 6 of 14; its clone, at step 13, only
+#: let time pass and loops run): t1's third try, its last, is launched by A; its pod wins /run,
+#: reports the try failed and goes on finishing (callbacks, the log upload).
+LAST_TRY_FINISHING = [
+    ("clear_while_running", {"scheduler": "B", "exits 0": True, "pod": "t1"}),
+    ("clear_while_running", {"scheduler": "A", "exits 0": True, "pod": "t1"}),
+    ("scheduler_loop", {"scheduler": "A", "heartbeats": True}),
+    ("retry_while_finishing", {"scheduler": "A", "pod": "t1"}),
+]
+A_LOOPS_AFTER_A_WAIT = [("wait", {})] + [("scheduler_loop", {"scheduler": "A", "heartbeats": True})] * 2
+
+
+@pytest.mark.parametrize("kind", ["stock", "fenced"])
+def test_a_finishing_worker_keeps_its_slot_until_its_pod_ends(machine_for, kind):
+    """Issue 55: the checker reported ``slot_held`` for a slot the executor must hold. The last try's
+    worker reports failed (the row is terminal) and its pod goes on running; after a wait A loops
+    twice: A holds the try's slot, as the provider holds every slot until its pod's terminal event
+    (stock and fenced alike), and the checker took it for a slot held for a failed task. Once the
+    pod ends, the promise judges again: A must free the slot within its loops."""
+    machine = machine_for(Profile(kind))()
+    try:
+        play(machine, LAST_TRY_FINISHING)
+        row = machine.rows()["t1"]
+        (finishing,) = [p for p in machine.pods.values() if p.task == "t1" and p.ran == "reported"]
+        a = machine.slots[0].sched
+        (key,) = [k for k in a.executor.running if k.task_id == "t1"]
+        assert row.state == "failed" and finishing.phase == "Running" and key.try_number == row.try_number
+        assert machine.worker_on_node(a.job_id, key)
+        play(machine, A_LOOPS_AFTER_A_WAIT)  # raised slot_held before the fix
+        play(machine, [("finishing_pod_ends", {"pod": finishing.name})])
+        assert not machine.worker_on_node(a.job_id, key)  # judged from here
+        play(machine, A_LOOPS_AFTER_A_WAIT)
+        assert key not in a.executor.running, f"{kind}: A still holds t1 after its pod ended"
+    finally:
+        machine.clean = False  # no quiescence: the sequence is judged
+        machine.teardown()

@@ -299,7 +299,7 @@ def test_the_loop_statement_finds_the_live_set_through_an_index_whatever_the_pla
     assert reads.read([], launches).changed == {} and _prepared(reads)  # the idle loop's prepared statement
     with ledger._cursor(held.dbapi_connection) as cursor:
         plan = "\n".join(row[0] for row in ledger._rows(
-            cursor, f"{ledger.PLAN}EXPLAIN EXECUTE {ledger.PREPARED_DIGEST}(-1, '-1')", {}))
+            cursor, f"{ledger.plan()}EXPLAIN EXECUTE {ledger.PREPARED_DIGEST}(-1, '-1')", {}))
     assert _index_scan(plan)
     world.airflow.clear(t1)
     assert set(reads.read([], launches).changed) == {t1.token}

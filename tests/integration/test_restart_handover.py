@@ -162,7 +162,8 @@ def test_a_woken_schedulers_create_that_lost_to_the_adopter_frees_its_slot(world
     if kind == "fenced":  # the adopter's pod exists before the woken create lands
         assert [p.metadata.labels["airflow-worker"] for p in world.live_pods(first)] == [str(adopter.job_id)]
     loop.join()
-    (create,) = [e for e in world.audit() if e.get("verb") == "create" and e.get("who") == woken.user]
+    (create,) = [e for e in world.audit() if e.get("verb") == "create" and e.get("who") == woken.user
+                 and e.get("resource") == "pods"]
     if kind == "fenced":
         assert create["code"] == 409  # AlreadyExists: the adopter's pod has this launch's name
     world.settle(woken.executor, 1.5)

@@ -45,7 +45,9 @@ def test_scale_bench_smoke_produces_every_figure(tmp_path):
     assert set(size["ratio"]) >= {"fanout_p50", "fanout_p99", "steady_p50", "steady_p99", "finish_p50", "throughput",
                                   "finish_deleted", "pss", "startup"}
     assert set(size["aa"]) >= {"steady_p50", "steady_p99"}  # one scheduler against the other, each run
-    assert {t["met"] for t in summary["targets"]} <= {True, False, None} and len(summary["targets"]) == 12
+    assert {t["met"] for t in summary["targets"]} <= {True, False, None} and len(summary["targets"]) == 13
+    (lease,) = [t for t in summary["targets"] if "the witness's Lease calls per scheduler loop" in t["target"]]
+    assert lease["measured"]["fenced"] > 0  # it renews once per heartbeat interval, whatever the load
     assert all(summary["fits"][kind]["loop_p50"]["slope"] is not None for kind in ("stock", "fenced"))
     assert "fenced/stock" in stdout and "fenced/stock" in (docs / "scale.md").read_text()
     assert (docs / "scale.png").stat().st_size > 0

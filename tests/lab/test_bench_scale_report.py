@@ -84,3 +84,22 @@ def test_the_docs_table_has_a_row_per_kind_and_the_ratios():
     assert "| 1,000 | stock (1) |" in text and "| 1,000 | fenced (1) |" in text
     assert "| 1,000 | fenced/stock (A/A) | 1.100 (A/A 1.000 [1.000-1.000])" in text
     assert "commit abc1234, load average 1.0/1.0/1.0 before" in text
+
+
+def test_tasks_in_flight_spread_over_runs_and_the_raised_settings_alike_for_both_kinds():
+    """``--scale-tasks-per-run``, ``--scale-batch``, ``--scale-max-tis-per-query`` (issue 53, item 4):
+    10,000 tasks as 10 runs of 1,000 mapped tasks, the caps sized to a run, the raised settings in
+    the one environment both kinds get; a size the runs do not divide is refused."""
+    import pytest
+
+    from fenced_k8s_lab.bench.scale import FULL, runs_of, settings
+
+    cfg = {**FULL, "tasks_per_run": 1000, "batch": 64, "max_tis_per_query": 64}
+    assert runs_of(10000, cfg) == (10, 1000) and runs_of(1000, FULL) == (1, 1000)
+    env = settings(10000, cfg)
+    assert env["AIRFLOW__CORE__MAX_MAP_LENGTH"] == "1000" and env["AIRFLOW__CORE__PARALLELISM"] == "10000"
+    assert env["AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY"] == "64"
+    assert env["AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE"] == "64"
+    assert settings(1000, FULL)["AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY"] == "16"  # the shipped value by default
+    with pytest.raises(ValueError, match="does not divide"):
+        runs_of(5000, {**FULL, "tasks_per_run": 3000})

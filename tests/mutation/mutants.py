@@ -60,6 +60,7 @@ IF, DEP = "fenced_k8s_executor/in_flight.py", "fenced_k8s_executor/deployment.py
 FI, FE = "fenced_k8s_executor/fences/inflight.py", "fenced_k8s_executor/fences/events.py"
 FC, FH = "fenced_k8s_executor/fences/creation.py", "fenced_k8s_executor/fences/handover.py"
 EX, W = "fenced_k8s_executor/executor.py", "fenced_k8s_executor/watching.py"
+LN = "fenced_k8s_executor/lineage.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- fixes taken back
@@ -93,15 +94,15 @@ MUTANTS: tuple[Mutant, ...] = (
       "current_pod_deleted"),
     m("deletes_pods_of_other_deployments", "0a75416 (issue 11 item 4)",
       "a stale-looking pod is deleted whichever deployment launched it",
-      [(V, "    if launch is None or not deployment or launch.deployment != deployment:\n        return False\n",
-           "    if launch is not None:\n        return True\n"),
+      [(V, "    return bool(launch is not None and deployment and launch.deployment == deployment\n"
+           "                and launched is Provenance.HERE)\n", "    return launch is not None\n"),
        (IF, '    return f"kubernetes_executor=True,{TOKEN_LABEL},{DEPLOYMENT_LABEL}={deployment}"\n',
             '    return f"kubernetes_executor=True,{TOKEN_LABEL}"\n')],
       [I + "test_deployments.py::test_other_deployments_pod_in_a_shared_namespace_is_never_deleted",
        I + "test_deployments.py::test_multi_namespace_sweep_never_deletes_other_deployments_pods"],
       "bystander_deleted",
-      note="the ownership check (the stamp and the launcher, verdicts.owned, which the pod re-read before a delete "
-           "asks too) and the in-flight watch's label selector: taken out of both"),
+      note="the ownership check (the stamp and the witness's word on the launcher, verdicts.owned, which the pod "
+           "re-read before a delete asks too) and the in-flight watch's label selector: taken out of both"),
     m("finished_stale_pod_always_deleted", "0a75416 (issue 11 item 5)",
       "a superseded launch's finished pod is deleted whatever delete_worker_pods says",
       [(EX, "        if self.kube_config.delete_worker_pods:\n            if state != FAILED",
@@ -198,18 +199,52 @@ MUTANTS: tuple[Mutant, ...] = (
       [I + "test_identity_contract.py::test_the_id_survives_pg_upgrade",
        I + "test_identity_contract.py::test_the_id_survives_a_dump_and_restore"],
       None, note="the checker's database is never upgraded or restored"),
-    m("adoption_hides_an_old_stamp", "issue 45 item 1 (this change)",
+    m("adoption_hides_an_old_stamp", "issue 45 item 1",
       "the provider's adoption hides every pod stamped with another id: a deployment whose id changed loses its running tasks",
-      [(V, "    if provenance(launch.launcher, job) is Provenance.HERE:\n        return False\n"
-           "    if adopting_token is not None and launch.token == as_token(adopting_token):\n        return False\n", "")],
+      [(V, "    if launch is None or (launched is Provenance.HERE and launch.launcher is not None):\n",
+           "    if launch is None:\n")],
       [I + "test_clone_deployments.py::test_a_running_task_survives_a_scheduler_restart_under_a_new_id"],
       "adopted_task_reset", note="the checker's new_generation step changes the id"),
-    m("launcher_not_checked", "issue 45 item 2 (this change)",
-      "a pod stamped with this deployment's id is deleted whichever database launched it: a clone deletes the original's pods",
-      [(V, "    return found is Provenance.HERE and (not collision or job.alive)\n", "    return True\n")],
-      [I + "test_clone_deployments.py::test_a_clone_in_the_same_namespace_never_deletes_the_originals_pods",
+    m("witness_not_consulted", "issue 52 item 2 (this change)",
+      "a pod stamped with this deployment's id is deleted whichever database launched it: a copy deletes the original's pods",
+      [(V, "    return bool(launch is not None and deployment and launch.deployment == deployment\n"
+           "                and launched is Provenance.HERE)\n",
+           "    return bool(launch is not None and deployment and launch.deployment == deployment)\n")],
+      [I + "test_copies.py::test_a_copy_taken_between_two_heartbeats_never_touches_the_originals_pods",
+       I + "test_witness.py::test_a_pod_with_launcher_stamps_of_no_scheduler_here_costs_that_pod_alone",
        U + "test_provenance.py"],
-      "current_pod_deleted", note="the checker's clone_appears step starts a clone's scheduler in the namespace"),
+      "current_pod_deleted", note="the checker's clone_appears step starts a copy's scheduler in the namespace"),
+    m("rows_decide_who_launched", "issue 52 item 1 (this change)",
+      "a scheduler job this database holds launched the pod, whatever the witness says: what a database says about "
+      "itself decides again, and a copy holds the original's jobs",
+      [(LN, "    if launcher.job_id in view.here:\n        return Provenance.HERE\n", "    return Provenance.HERE\n")],
+      [I + "test_copies.py::test_a_copy_taken_between_two_heartbeats_never_touches_the_originals_pods",
+       I + "test_copies.py::test_a_point_in_time_restore_leaves_the_pods_launched_after_the_restore_point_alone",
+       U + "test_provenance.py"],
+      "current_pod_deleted", note="the checker's clone_appears step, whose copy is taken at a drawn instant"),
+    m("unproven_taken_for_dead", "issue 52 item 2 (this change)",
+      "a live scheduler the witness has not seen writing here is taken for a dead one of this database: a copy "
+      "taken between two heartbeats deletes the original's pods until its next heartbeat",
+      [(LN, "        elif live:\n            unproven.append(entry)\n", "")],
+      [I + "test_copies.py::test_a_copy_taken_between_two_heartbeats_never_touches_the_originals_pods",
+       U + "test_provenance.py"],
+      "current_pod_deleted", note="clone_appears with the copy taken right after a heartbeat, before a launch"),
+    m("copy_not_dated", "issue 52 item 2 (this change)",
+      "a scheduler the copy inherited that went on writing elsewhere leaves no mark: once it stops, its pods are "
+      "the copy's dead scheduler's, deleted when the copy supersedes them (a point-in-time restore's leftovers too)",
+      [(LN, "            copied.append(max(t for t in (row.heartbeat, row.started, entry.started) if t is not None))\n",
+        "            pass\n")],
+      [I + "test_copies.py::test_a_point_in_time_restore_leaves_the_pods_launched_after_the_restore_point_alone",
+       U + "test_provenance.py"],
+      None, note="the checker's original never stops while its clone runs"),
+    m("launcher_start_not_compared", "issue 52 item 2 (this change)",
+      "a pod's launcher is judged by its job id alone: copies of a database allocate the same ids, so each takes "
+      "the other's pods for its own",
+      [(LN, "    if launcher.started is None or row is None or row.started != launcher.started:\n",
+        "    if launcher.started is None or row is None:\n")],
+      [I + "test_copies.py::test_a_copy_started_long_after_never_touches_the_originals_pods_though_its_job_ids_repeat_the_originals",
+       U + "test_provenance.py"],
+      None, note="the checker's clone and original rarely share a job id"),
     m("host_by_name_only", "issue 45 item 6 (this change)",
       "a row naming its host by IP (hostname_callable = get_host_ip_address) is not read: a finishing try is deleted",
       [(FI, "            addresses = self._addresses_of(f)\n", "            addresses = ()\n")],
@@ -225,8 +260,19 @@ MUTANTS: tuple[Mutant, ...] = (
       "the fences' connections carry no TCP bound: a flow a NAT forgot holds the loop for Linux's 15 minutes",
       [("fenced_k8s_executor/db.py", "    if dialect.name != \"postgresql\" or dialect.driver not in LIBPQ_DRIVERS:\n        return {}\n",
         "    if True:\n        return {}\n")],
-      [I + "test_db_bounds.py::test_a_black_holed_idle_flow_costs_one_loop_its_bound_and_the_next_loop_reads_afresh"],
-      "loop_blocked", note="the checker's black_holed_loop step (root only: the NAT hop needs a network namespace)"),
+      [I + "test_db_bounds.py::test_fence_connections_carry_the_tcp_bounds_and_airflows_keep_theirs"],
+      None, note="since issue 52 the watchdog bounds a statement sent into a dead flow (db.bounds().operation), so "
+                 "the checker's black_holed_loop step no longer sees a blocked loop; the TCP bounds keep a NAT's "
+                 "flow alive and find a dead idle one"),
+    m("fence_operation_unwatched", "issue 52 item 5 (this change)",
+      "no wall-clock bound on a fence statement: behind a pooler whose server went silent, or a black hole in the "
+      "middle of a statement, the loop waits forever (or for the keepalives' 40 s)",
+      [("fenced_k8s_executor/watchdog.py", "    watch = Watch(connection, fd, time.monotonic() + max(0.0, seconds), what)\n",
+        "    watch = Watch(connection, fd, time.monotonic() + 86400.0, what)\n")],
+      [I + "test_db_pooler_bounds.py", I + "test_db_bounds.py::test_a_black_hole_in_the_middle_of_a_statement_is_cut_"
+       "within_its_bound", U + "test_db_watchdog.py"],
+      None, note="the checker has no pooler and no mid-statement black hole; its black_holed_loop step is bounded "
+                 "by tcp_user_timeout without the watchdog (root only: pgbouncer and the NAT hop)"),
     m("nul_in_a_task_key_offered", "issue 45 item 4 (this change)",
       "a task key holding a NUL is put to the loop's statement, which PostgreSQL refuses for every pod",
       [(LA, '    if not isinstance(value, str) or not 0 < len(value) <= ID_LEN or "\\x00" in value:\n',

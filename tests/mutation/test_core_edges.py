@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from fenced_k8s_executor.lineage import Provenance
 from fenced_k8s_executor import launch, verdicts
 from fenced_k8s_executor.launch import LaunchIdentity, TaskRow, as_token, from_pod_metadata, pod_name
 from fenced_k8s_executor.names import TI_ID_ANNOTATION, TOKEN_ANNOTATION, TRY_NUMBER_ANNOTATION
@@ -146,7 +147,7 @@ def test_foreign_means_another_deployments_stamp(stamp, ours, is_foreign):
 
 def test_values_read_from_pods_and_rows_compare_by_value():
     launch = _launch(ti_id=_fresh(TI), deployment=_fresh("dep"), token=_fresh(TOKEN))
-    assert verdicts.owned(launch, "dep")
+    assert verdicts.owned(launch, "dep", Provenance.HERE)
     assert verdicts.should_create(launch, _row(queued_by_job_id=int("1000"), try_number=int("300")),
                                   int("1000")).reason is verdicts.Reason.TRY_MISMATCH
     assert verdicts.should_create(_launch(try_number=300), _row(queued_by_job_id=int("1000"), try_number=int("300")),
@@ -166,9 +167,9 @@ def test_precreate_takes_any_other_state_for_not_queued(state):
 
 def test_the_pod_the_row_names_as_its_host_is_never_deleted():
     row = _row(external_executor_id="1f1e2d3c-4b5a-4987-8654-3210fedcba98", hostname="pod-a")
-    verdict = verdicts.should_delete(_launch(), row, "dep", "pod-a")
+    verdict = verdicts.should_delete(_launch(), row, "dep", "pod-a", Provenance.HERE)
     assert (verdict.act, verdict.stock, verdict.reason) == (False, False, verdicts.Reason.RUNS_THE_TASK)
-    assert verdicts.should_delete(_launch(), row, "dep", "pod-b").act
+    assert verdicts.should_delete(_launch(), row, "dep", "pod-b", Provenance.HERE).act
     with pytest.raises(dataclasses.FrozenInstanceError):
         verdict.act = True
 

@@ -14,6 +14,7 @@ import pytest
 from fenced_k8s_executor.cli import DELETE, KEEP, judge
 from fenced_k8s_executor.deployment import Deployment
 from fenced_k8s_executor.launch import LaunchIdentity, TaskRow
+from fenced_k8s_executor.lineage import Provenance
 from fenced_k8s_executor.pods import PodRef
 
 OURS = Deployment("db-ours", "database", address_id="db-old-address")
@@ -30,7 +31,7 @@ def _row(token, hostname=None):
     return TaskRow("ti2", "queued", 1, None, token, **TASK, hostname=hostname)
 
 
-@pytest.mark.parametrize("ref, row, finished, expected", [
+@pytest.mark.parametrize("ref, row, finished, expected, launched", [(*case, Provenance.HERE)[:5] for case in [
     (_ref(), _row(TOKEN), False, ("current", KEEP, "names this launch")),
     (_ref(), _row(NEWER), False, ("superseded", DELETE, "names launch 22222222 now")),
     (_ref(), None, False, ("task gone", DELETE, "no row")),
@@ -44,9 +45,11 @@ def _row(token, hostname=None):
     (_ref(deployment="db-theirs"), None, False, ("another deployment's", KEEP, "db-theirs")),
     (_ref(deployment=None), None, False, ("another deployment's", KEEP, "no deployment")),
     (_ref(deployment="db-old-address"), None, False, ("this deployment (old stamp)", KEEP, "left alone")),
-])
-def test_judge(ref, row, finished, expected):
-    standing, action, why = judge(ref, row, OURS, finished)
+    (_ref(), _row(NEWER), False, ("launched by another database", KEEP, "never deleted"), Provenance.ELSEWHERE),
+    (_ref(), _row(NEWER), False, ("superseded", KEEP, "cannot tell yet"), Provenance.UNSETTLED),
+]])
+def test_judge(ref, row, finished, expected, launched):
+    standing, action, why = judge(ref, row, OURS, finished, launched)
     assert (standing, action) == expected[:2]
     assert expected[2] in why
     assert TOKEN not in why and NEWER not in why  # short forms only
@@ -58,7 +61,7 @@ def test_the_executor_keeps_the_providers_commands_and_adds_its_own():
     groups = {g.name: g for g in FencedKubernetesExecutor.get_cli_commands()}
     assert list(groups) == ["kubernetes", "fenced-k8s"]
     assert "cleanup-pods" in {c.name for c in groups["kubernetes"].subcommands}
-    assert [c.name for c in groups["fenced-k8s"].subcommands] == ["pods"]
+    assert [c.name for c in groups["fenced-k8s"].subcommands] == ["pods", "version"]
 
 
 def test_airflow_builds_its_parser_with_the_command_without_importing_the_runtime(tmp_path):

@@ -38,6 +38,17 @@ def test_bad_values_name_the_option_and_the_accepted_values(raw, option, accepte
     assert f"[fenced_kubernetes_executor] {option}" in message and accepted in message
 
 
+@pytest.mark.parametrize("raw", ["false", "False", "FALSE", "no", "true", "on"])
+def test_a_mode_read_as_a_yaml_boolean_says_to_quote_it(raw):
+    """``mode: off`` unquoted in a Helm values file is YAML 1.1's false, rendered ``mode = false``
+    (tests/helm renders it): the refusal names the cause and the fix (issue 54)."""
+    with pytest.raises(config.FencedConfigError) as refused:
+        config.parse({"mode": raw})
+    text = str(refused.value)
+    assert f"mode = {raw!r}: a YAML boolean" in text and 'quote it, mode: "off"' in text
+    assert text.endswith("accepted values: enforce | audit | off")
+
+
 def test_unknown_option_is_refused():
     with pytest.raises(config.FencedConfigError, match="accepted options"):
         config.parse({"mdoe": "audit"})

@@ -7,7 +7,9 @@ do not follow fails here, and so does a doc that drifts.
 
 from __future__ import annotations
 
+import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,10 +72,16 @@ def _accepted(option: str) -> str:
     return str(refused.value).split("accepted values: ", 1)[1]
 
 
+#: Words of a statement of accepted values that constrain them (issue 54: configuration.md gave
+#: deployment_id's characters but not that its ends must be alphanumeric).
+_CONSTRAINTS = {"True", "False", "empty", "identifier", "alphanumeric", "ends"}
+
+
 def _tokens(text: str) -> set[str]:
-    """What a statement of accepted values commits to: its numbers, the modes and booleans it names."""
-    words = set(re.findall(r"[A-Za-z]+", text)) & ({m.value for m in config.Mode} | {"True", "False"})
-    return set(re.findall(r"\d+", text)) | words
+    """What a statement of accepted values commits to: its numbers, the modes and booleans it names,
+    its character classes and the words that constrain the values."""
+    words = set(re.findall(r"[A-Za-z]+(?:-[A-Za-z]+)*", text)) & ({m.value for m in config.Mode} | _CONSTRAINTS)
+    return set(re.findall(r"\d+", text)) | words | set(re.findall(r"\[[^\]]+\]", text))
 
 
 @pytest.mark.parametrize("doc, head, rows", [t for t in _option_tables() if "accepted" in t[1]],
@@ -165,9 +173,13 @@ def _stamped_in(text: str) -> set[str]:
                                                                               s.split("/")[0] in ("fenced-k8s-executor.io", "..."))}
 
 
+#: The witness Lease's annotations (``job.<id>.<start>``): on the Lease, never on a pod.
+WITNESS = {names.WITNESS_ENTRY_PREFIX[len("fenced-k8s-executor.io/"):].rstrip(".")}
+
+
 def test_every_stamped_name_the_docs_give_exists():
     given = {(path.name, n) for path in DOCS for n in re.findall(_OURS, _text(path))}
-    assert LAB_NAMES and given and {(doc, n) for doc, n in given if n not in STAMPED | LAB_NAMES} == set()
+    assert LAB_NAMES and given and {(doc, n) for doc, n in given if n not in STAMPED | LAB_NAMES | WITNESS} == set()
 
 
 def test_every_list_of_stamped_fields_is_complete():
@@ -187,3 +199,154 @@ def test_no_doc_starts_the_worker_another_way():
     assert worker.command_args(Workload())[:2] == ["python", "-c"]  # a bootstrap, not `python -m`
     assert "python -c" in _text(ROOT / "README.md")
     assert [path.name for path in DOCS if "python -m fenced_k8s_executor.worker" in _text(path)] == []
+
+
+# --- metrics: every name the code emits, as plain statsd receives it (issue 54) -----------------------
+
+_EMITTERS = {"incr", "timing", "timed", "decision"}
+
+
+def _literal(node: ast.AST) -> object:
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def emitted_metrics() -> dict[str, set[tuple[tuple[str, ...], tuple[tuple[str, object], ...]]]]:
+    """Every ``metrics.incr/timing/timed/decision`` call of the runtime, read from its source:
+    metric name -> {(tag keys, the tags' literal values)}. A name or tags the reading cannot see
+    (not a literal) fails: the docs could not follow it."""
+    found: dict = {}
+    for path in sorted((ROOT / "fenced_k8s_executor").rglob("*.py")):
+        if path.name == "metrics.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _EMITTERS and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "metrics"):
+                continue
+            where, kind, first = f"{path.name}:{node.lineno}", node.func.attr, node.args[0]
+            names = [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
+            assert all(isinstance(n, ast.Constant) for n in names), f"{where}: a metric name that is not a literal"
+            keywords = {k.arg: k.value for k in node.keywords}
+            if kind == "decision":
+                tags = {"path": keywords["path"], "reason": keywords["reason"], "mode": None}
+            elif kind == "timed":
+                tags = keywords
+            else:
+                given = node.args[1 if kind == "incr" else 2] if len(node.args) > (1 if kind == "incr" else 2) \
+                    else keywords.get("tags")
+                if given is None or _literal(given) is None and isinstance(given, ast.Constant):
+                    tags = {}
+                else:
+                    assert isinstance(given, ast.Dict) and all(isinstance(k, ast.Constant) for k in given.keys), \
+                        f"{where}: tags that are not a literal dict"
+                    tags = {k.value: v for k, v in zip(given.keys, given.values)}
+            entry = (tuple(tags), tuple((k, _literal(v)) for k, v in tags.items()))
+            for name in names:
+                found.setdefault(name.value, set()).add(entry)
+    return found
+
+
+def statsd_pattern(name: str, keys: tuple[str, ...]) -> str:
+    """The name plain statsd receives, each tag value as ``<key>``, in ``metrics.named``'s order."""
+    from fenced_k8s_executor import metrics
+
+    values = {key: f"V{i}" for i, key in enumerate(keys)}
+    text = metrics.named(f"{names.METRIC_PREFIX}.{name}", values)
+    for key, value in values.items():
+        text = text.replace(f".{value}", f".<{key}>")
+    return text
+
+
+def _metric_rows() -> dict[str, dict[str, str]]:
+    (table,) = [t for t in _tables(_text(ROOT / "docs" / "operations.md")) if t[0][:3] == ["metric", "type",
+                                                                                            "on plain statsd (the prefix left out)"]]
+    head = [h.split(" (")[0] for h in table[0]]
+    return {_plain(row[0]): dict(zip(head, row)) for row in table[1:]}
+
+
+def test_every_metric_the_code_emits_is_documented_with_its_plain_statsd_names():
+    emitted, rows = emitted_metrics(), _metric_rows()
+    assert len(emitted) > 20
+    assert set(rows) == {f"{names.METRIC_PREFIX}.{name}" for name in emitted}, "operations.md's metrics table"
+    wrong = []
+    for name, uses in emitted.items():
+        row = rows[f"{names.METRIC_PREFIX}.{name}"]
+        wire = set(re.findall(r"`([^`]+)`", row["on plain statsd"]))
+        expected = {statsd_pattern(name, keys) for keys, _ in uses}
+        if wire != expected:
+            wrong.append((name, sorted(wire), sorted(expected)))
+        tags = {key for keys, _ in uses for key in keys}
+        if set(re.findall(r"[a-z_]+", row["tags"].split("(")[0] if "(" not in row["tags"] else
+                          re.sub(r"\([^)]*\)", "", row["tags"]))) != tags:
+            wrong.append((name, row["tags"], sorted(tags)))
+        literals = {value for _, pairs in uses for key, value in pairs if isinstance(value, str) and key != "mode"}
+        missing = {v for v in literals if v not in row["tags"] + row["meaning"]}
+        if missing:
+            wrong.append((name, "values not named", sorted(missing)))
+    assert wrong == []
+
+
+def test_every_alert_is_written_against_a_name_plain_statsd_receives():
+    section = _text(ROOT / "docs" / "operations.md").split("## Suggested alerts", 1)[1].split("\n## ", 1)[0]
+    (table,) = _tables(section)
+    patterns = [re.escape(statsd_pattern(name, keys)).replace(r"<", "<").replace(r">", ">")
+                for name, uses in emitted_metrics().items() for keys, _ in uses]
+    wire = [re.compile(re.sub(r"<[a-z_]+>", r"[^.]+", p) + r"\Z") for p in patterns]
+    used = [n for row in table[1:] for n in re.findall(r"`(fenced_k8s_executor\.[^`]+)`", row[1])]
+    assert len(used) >= 8
+    unknown = [n for n in used if not any(w.match(n.replace("*", "x")) for w in wire)]
+    assert unknown == []
+
+
+# --- the CLI's commands ---------------------------------------------------------------------------------
+
+def test_every_cli_command_the_docs_give_exists_and_each_is_documented():
+    from fenced_k8s_executor import cli
+
+    (group,) = cli.commands()
+    commands = {c.name: {flag for arg in c.args for flag in arg.flags} for c in group.subcommands}
+    given = {(path.name, m) for path in DOCS + [ROOT / "CHANGELOG.md"]
+             for m in re.findall(r"airflow fenced-k8s ([a-z][a-z-]*)", _text(path))}
+    assert {(doc, c) for doc, c in given if c not in commands} == set()
+    assert set(commands) <= {c for _, c in given}, "a command no doc mentions"
+    flags = {(path.name, c, f) for path in DOCS for c, f in re.findall(r"airflow fenced-k8s ([a-z-]+)((?: --?[a-z-]+)+)",
+                                                                     _text(path))}
+    unknown = {(doc, c, flag) for doc, c, fs in flags for flag in fs.split() if flag not in commands.get(c, ())}
+    assert unknown == set()
+
+
+# --- counts and tables that go stale ----------------------------------------------------------------------
+
+def test_no_doc_states_a_unit_test_count():
+    """The count changes with every commit; the docs say what the unit tests cover instead."""
+    stated = [(path.name, m) for path in DOCS for m in re.findall(r"\b\d[\d,]* unit tests\b", _text(path))]
+    assert stated == []
+
+
+def test_the_matrix_table_is_the_one_its_results_file_prints():
+    """docs/testing.md's matrix table is ``.ci/matrix --markdown`` of the run it names (kept in
+    docs/matrix-results.json): no count in it is edited by hand, and the unit suite's is left out."""
+    import importlib.machinery
+    import importlib.util
+    import json
+
+    loader = importlib.machinery.SourceFileLoader("ci_matrix", str(ROOT / ".ci" / "matrix"))
+    spec = importlib.util.spec_from_loader("ci_matrix", loader)
+    matrix = importlib.util.module_from_spec(spec)
+    sys.modules["ci_matrix"] = matrix  # its dataclasses look their module up
+    try:
+        loader.exec_module(matrix)
+    finally:
+        del sys.modules["ci_matrix"]
+    printed = matrix.markdown(json.loads((ROOT / "docs" / "matrix-results.json").read_text()))
+    assert printed in _text(ROOT / "docs" / "testing.md")
+
+
+def test_the_readme_results_table_has_the_columns_the_command_prints():
+    """The README pastes ``fenced-k8s-repro``'s headline (``report.summary``): same columns."""
+    from fenced_k8s_lab import report
+
+    printed_header = report.summary({}).splitlines()[0]
+    (table,) = [t for t in _tables(_text(ROOT / "README.md")) if t[0][:2] == ["scenario", "executor"]]
+    assert "| " + " | ".join(table[0]) + " |" == printed_header
+    assert all(len(row) == len(table[0]) for row in table)

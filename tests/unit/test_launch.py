@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from fenced_k8s_executor import verdicts
 from fenced_k8s_executor.launch import Launcher, LaunchIdentity, as_token, from_pod_metadata, pod_name
-from fenced_k8s_executor.names import (DEPLOYMENT_ANNOTATION, REGION_ANNOTATION, SCHEDULER_HEARTBEAT_ANNOTATION,
-                                       SCHEDULER_JOB_ANNOTATION, SCHEDULER_STARTED_ANNOTATION, TI_ID_ANNOTATION,
+from fenced_k8s_executor.lineage import Provenance
+from fenced_k8s_executor.names import (DEPLOYMENT_ANNOTATION, REGION_ANNOTATION,                                        SCHEDULER_JOB_ANNOTATION, SCHEDULER_STARTED_ANNOTATION, TI_ID_ANNOTATION,
                                        TI_ID_LABEL, TOKEN_ANNOTATION, TOKEN_LABEL, TRY_NUMBER_ANNOTATION)
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -45,13 +45,13 @@ def test_task_coordinates_come_from_the_providers_annotations():
     that does not read exactly as a number names no task."""
     base = {TI_ID_ANNOTATION: str(uuid.uuid4()), TOKEN_ANNOTATION: str(uuid.uuid4()), TRY_NUMBER_ANNOTATION: "2",
             DEPLOYMENT_ANNOTATION: "ours", "dag_id": "d", "task_id": "t", "run_id": "r"}
-    assert verdicts.should_delete(from_pod_metadata(base), None, "ours").act  # task gone: stale
+    assert verdicts.should_delete(from_pod_metadata(base), None, "ours", launched=HERE).act  # task gone: stale
     assert from_pod_metadata(base).task == ("d", "t", "r", -1)
     assert from_pod_metadata({**base, "map_index": "4"}).task == ("d", "t", "r", 4)
     for garbled in ("garbage", "3x", "1_0", " 3", "", "\u0663"):  # int() would take some of these
         launch = from_pod_metadata({**base, "map_index": garbled})
         assert launch.task is None, garbled  # names no task: never fenced, whatever the row
-        assert verdicts.should_delete(launch, None, "ours").act is False
+        assert verdicts.should_delete(launch, None, "ours", launched=HERE).act is False
     assert from_pod_metadata(base).try_number == 2
     assert from_pod_metadata({**base, TRY_NUMBER_ANNOTATION: "x"}).try_number == 0
 
@@ -82,22 +82,21 @@ def test_as_token_agrees_with_uuid_parsing_whatever_the_spelling(text):
     assert as_token(text) == _parse_or_none(text)
 
 
+HERE = Provenance.HERE
 STARTED = datetime(2026, 12, 5, 8, 1, 2, 345678, tzinfo=timezone.utc)
-BEAT = datetime(2026, 12, 5, 8, 21, 30, 123456, tzinfo=timezone.utc)
 
 
 def _stamped(**annotations) -> LaunchIdentity:
     launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1, scheduler_job_id="42",
-                            launcher=Launcher(42, STARTED, BEAT))
+                            launcher=Launcher(42, STARTED))
     return from_pod_metadata({**launch.annotations(), **annotations})
 
 
 def test_the_launcher_stamp_round_trips_as_iso_utc():
     launch = LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1, scheduler_job_id="42",
-                            launcher=Launcher(42, STARTED, BEAT))
+                            launcher=Launcher(42, STARTED))
     stamp = launch.annotations()
     assert stamp[SCHEDULER_STARTED_ANNOTATION] == "2026-12-05T08:01:02.345678+00:00"
-    assert stamp[SCHEDULER_HEARTBEAT_ANNOTATION] == "2026-12-05T08:21:30.123456+00:00"
     assert stamp[SCHEDULER_JOB_ANNOTATION] == "42"
     assert from_pod_metadata(stamp) == launch
     unstamped = LaunchIdentity(ti_id=launch.ti_id, token=launch.token, try_number=1, scheduler_job_id="42")
@@ -107,46 +106,49 @@ def test_the_launcher_stamp_round_trips_as_iso_utc():
 
 def test_the_launcher_is_written_in_utc_whatever_the_zone_it_was_given_in():
     tokyo = timezone(timedelta(hours=9))
-    launcher = Launcher(7, STARTED.astimezone(tokyo), BEAT.astimezone(tokyo))
+    launcher = Launcher(7, STARTED.astimezone(tokyo))
     assert launcher.annotations()[SCHEDULER_STARTED_ANNOTATION] == "2026-12-05T08:01:02.345678+00:00"
     with pytest.raises(ValueError):  # a naive time would be written as the scheduler's local time
-        Launcher(7, STARTED.replace(tzinfo=None), BEAT).annotations()
+        Launcher(7, STARTED.replace(tzinfo=None)).annotations()
 
 
 @pytest.mark.parametrize("field, value", [
     (SCHEDULER_STARTED_ANNOTATION, "yesterday"),
     (SCHEDULER_STARTED_ANNOTATION, "2026-12-05T08:01:02"),  # naive
     (SCHEDULER_STARTED_ANNOTATION, "2026-12-05"),  # a date: naive
-    (SCHEDULER_HEARTBEAT_ANNOTATION, "2026-12-05T08:21:30.123456+00:00" + " " * 9),  # 41 characters
-    (SCHEDULER_HEARTBEAT_ANNOTATION, "0001-01-01T00:00:00+01:00"),  # before year 1 in UTC
-    (SCHEDULER_HEARTBEAT_ANNOTATION, ""),
-    (SCHEDULER_HEARTBEAT_ANNOTATION, 1733386890),  # wrong type (a JSON body, a test)
-    (SCHEDULER_HEARTBEAT_ANNOTATION, None),
+    (SCHEDULER_STARTED_ANNOTATION, "2026-12-05T08:21:30.123456+00:00" + " " * 9),  # 41 characters
+    (SCHEDULER_STARTED_ANNOTATION, "0001-01-01T00:00:00+01:00"),  # before year 1 in UTC
+    (SCHEDULER_STARTED_ANNOTATION, ""),
+    (SCHEDULER_STARTED_ANNOTATION, 1733386890),  # wrong type (a JSON body, a test)
 ])
-def test_an_unreadable_launcher_stamp_is_no_launcher_and_leaves_the_launch_readable(field, value):
+def test_an_unreadable_launcher_stamp_is_a_launcher_that_does_not_read_and_leaves_the_launch_readable(field, value):
     launch = _stamped(**{field: value})
-    assert launch.launcher is None
+    assert launch.launcher is not None and launch.launcher.started is None  # never deleted for its launcher
     assert launch.malformed is None and not launch.legacy and launch.token is not None
 
 
+def test_a_pod_without_a_start_stamp_names_no_launcher():  # builds before 0.3.0
+    assert _stamped(**{SCHEDULER_STARTED_ANNOTATION: None}).launcher is None
+
+
 @pytest.mark.parametrize("value", ["x", str(2**63), "-1", "", 42])
-def test_an_unreadable_scheduler_job_id_is_no_launcher_and_a_malformed_launch(value):
+def test_an_unreadable_scheduler_job_id_is_an_unreadable_launcher_and_a_malformed_launch(value):
     launch = _stamped(**{SCHEDULER_JOB_ANNOTATION: value})
-    assert launch.launcher is None and launch.scheduler_job_id is None
+    assert launch.launcher.started is None and launch.scheduler_job_id is None
     assert launch.malformed.startswith("scheduler_job_id ") and launch.legacy
 
 
 def test_a_launcher_in_another_zone_reads_as_utc():
     launch = _stamped(**{SCHEDULER_STARTED_ANNOTATION: "2026-12-05T17:01:02.345678+09:00"})
-    assert launch.launcher == Launcher(42, STARTED, BEAT)
+    assert launch.launcher == Launcher(42, STARTED)
     assert launch.launcher.started.tzinfo is timezone.utc
 
 
 @given(st.one_of(st.none(), st.integers(), st.text(max_size=60), st.datetimes().map(datetime.isoformat),
                  st.datetimes(timezones=st.timezones()).map(datetime.isoformat)))
-def test_any_started_stamp_reads_as_an_aware_utc_time_or_no_launcher(value):
+def test_any_started_stamp_reads_as_an_aware_utc_time_or_one_that_does_not_read(value):
     launcher = _stamped(**{SCHEDULER_STARTED_ANNOTATION: value}).launcher
-    assert launcher is None or launcher.started.tzinfo is timezone.utc
+    assert launcher is None or launcher.started is None or launcher.started.tzinfo is timezone.utc
 
 
 # --- a pod's annotations as a trust boundary ----------------------------------------------------------
@@ -180,7 +182,7 @@ def test_a_field_that_does_not_read_makes_the_launch_malformed(field, value):
     """Issue 45 item 4: the pod is malformed, naming the field; it names no task, is legacy (no
     evidence) and is never deleted: read as it was, a stale launch whose task has no row."""
     readable = from_pod_metadata(GOOD)
-    assert readable.malformed is None and verdicts.should_delete(readable, None, GOOD[DEPLOYMENT_ANNOTATION]).act
+    assert readable.malformed is None and verdicts.should_delete(readable, None, GOOD[DEPLOYMENT_ANNOTATION], launched=HERE).act
 
     launch = from_pod_metadata({**GOOD, field: value})
 
@@ -189,7 +191,7 @@ def test_a_field_that_does_not_read_makes_the_launch_malformed(field, value):
             REGION_ANNOTATION: "region_id"}.get(field, field)
     assert launch.malformed.split(" ")[0] == name, launch.malformed
     assert launch.task is None and launch.legacy
-    assert not verdicts.should_delete(launch, None, GOOD[DEPLOYMENT_ANNOTATION]).act
+    assert not verdicts.should_delete(launch, None, GOOD[DEPLOYMENT_ANNOTATION], launched=HERE).act
     assert verdicts.standing(launch, None) is verdicts.Standing.LEGACY_LAUNCH
     assert verdicts.should_adopt(launch, "6a0c6d1e-2a3b-4c4d-8e5f-6a7b8c9d0e1f").act  # as stock: no evidence
     assert len(repr(launch)) < 2000  # what a field that did not read held is gone
@@ -276,7 +278,6 @@ _READABLE = {
     "map_index": st.integers(-(2**31), 2**31 - 1).map(str), DEPLOYMENT_ANNOTATION: st.from_regex(
         r"\A[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z"), REGION_ANNOTATION: _UUIDS,
     SCHEDULER_STARTED_ANNOTATION: st.datetimes(timezones=st.timezones()).map(datetime.isoformat),
-    SCHEDULER_HEARTBEAT_ANNOTATION: st.datetimes(timezones=st.timezones()).map(datetime.isoformat),
 }
 _ABSENT = object()
 pod_annotations = st.fixed_dictionaries({key: st.one_of(readable, _HOSTILE, st.just(_ABSENT))
@@ -306,12 +307,12 @@ def test_whatever_a_pod_says_its_launch_reads_canonical_or_malformed(annotations
         return
     if launch.malformed:
         assert launch.task is None and launch.legacy
-        assert not verdicts.should_delete(launch, None, launch.deployment).act
+        assert not verdicts.should_delete(launch, None, launch.deployment, launched=HERE).act
     else:
         _reads(launch)
         assert not launch.region or regions
-    assert launch.launcher is None or (launch.launcher.job_id == launch.creator
-                                       and launch.launcher.started.tzinfo is timezone.utc)
+    assert launch.launcher is None or launch.launcher.started is None or (
+        launch.launcher.job_id == launch.creator and launch.launcher.started.tzinfo is timezone.utc)
 
 
 @given(st.fixed_dictionaries(_READABLE), st.booleans())

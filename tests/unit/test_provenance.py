@@ -1,4 +1,4 @@
-"""Did this database launch the pod? ``verdicts.provenance``, ``owned``, ``collision_evidence``,
+"""Which database launched a pod: ``lineage`` (the witness's verdicts), ``verdicts.owned`` and
 ``hidden_from_provider``, the host rule by address, and the SQLSTATE classification: tables and
 properties over plain values."""
 
@@ -13,24 +13,25 @@ from hypothesis import strategies as st
 
 from fenced_k8s_executor import sqlstate
 from fenced_k8s_executor.launch import Launcher, LaunchIdentity, TaskRow
+from fenced_k8s_executor.lineage import Entry, JobRow, Provenance, View, judge, moved, provenance
 from fenced_k8s_executor.verdicts import (
-    JobFact,
-    Provenance,
     Reason,
-    collision_evidence,
     hidden_from_provider,
     host_unresolved,
     names_host,
     owned,
-    provenance,
     should_delete,
 )
 
 HERE, THERE, OLD = "db-here", "db-there", "db-old"
 T1, T2 = str(uuid.uuid4()), str(uuid.uuid4())
 START = datetime(2026, 12, 5, 8, 0, tzinfo=timezone.utc)
-BEAT = START + timedelta(minutes=30)
-LAUNCHER = Launcher(7, START, BEAT)
+NOW = START + timedelta(hours=1)
+BEAT = NOW - timedelta(seconds=3)  # a live scheduler's heartbeat
+OLD_BEAT = NOW - timedelta(minutes=5)  # a dead one's
+ALIVE = timedelta(seconds=30)
+ME = Launcher(9, START + timedelta(minutes=50))
+LAUNCHER = Launcher(7, START)
 
 
 def launch(launcher=LAUNCHER, deployment=HERE, token=T1):
@@ -38,76 +39,139 @@ def launch(launcher=LAUNCHER, deployment=HERE, token=T1):
                           dag_id="d", task_id="t", run_id="r", deployment=deployment, launcher=launcher)
 
 
-def job(started=START, heartbeat=BEAT, alive=True):
-    return JobFact(started, heartbeat, alive)
+def entry(job_id=7, started=START, heartbeat=BEAT):
+    return Entry(job_id, started, heartbeat, "host")
 
 
-@pytest.mark.parametrize("the_launcher, the_job, expected", [
-    (LAUNCHER, job(), Provenance.HERE),
-    (LAUNCHER, job(heartbeat=BEAT + timedelta(seconds=5)), Provenance.HERE),  # it heartbeat since
-    (LAUNCHER, job(heartbeat=BEAT - timedelta(microseconds=1)), Provenance.NOT_SEEN),  # a copy stopped before
-    (LAUNCHER, job(heartbeat=None), Provenance.NOT_SEEN),
-    (LAUNCHER, job(started=START + timedelta(seconds=1)), Provenance.OTHER_JOB),  # another process, same id
-    (LAUNCHER, None, Provenance.UNKNOWN_JOB),
-    (None, job(), Provenance.UNSTAMPED),
-    (None, None, Provenance.UNSTAMPED),
+def rows(**by_job):
+    """This database's job rows: ``j7=(started, heartbeat)``."""
+    return {int(k[1:]): JobRow(*v) for k, v in by_job.items()}
+
+
+QUIET = View(renewed=True, here=frozenset({ME.job_id}))
+
+
+# --- one reading of the witness --------------------------------------------------------------------
+
+@pytest.mark.parametrize("posted, held, here, expect", [
+    # a live peer of this database not yet seen writing here: cannot be judged yet (a copy taken
+    # between two heartbeats reads exactly like this)
+    ([entry()], rows(j7=(START, BEAT)), (), "unproven"),
+    ([entry()], rows(j7=(START, BEAT + timedelta(seconds=1))), (), "unproven"),  # not seen *moving*
+    ([entry()], rows(j7=(START, BEAT)), {7}, "ready"),  # seen moving: writes here
+    ([entry(heartbeat=OLD_BEAT)], rows(j7=(START, OLD_BEAT)), (), "ready"),  # a dead scheduler of ours
+    # ahead of this database's row: a scheduler it inherited went on writing elsewhere: a copy
+    ([entry()], rows(j7=(START, BEAT - timedelta(seconds=5))), (), "copy, collision"),
+    ([entry(heartbeat=OLD_BEAT)], rows(j7=(START, OLD_BEAT - timedelta(seconds=5))), (), "copy"),  # now dead
+    ([entry()], rows(j7=(START, BEAT - timedelta(seconds=5))), {7}, "ready"),  # writes here: a lost write
+    # airflow-core writes a job's first heartbeat a moment before its start: copied right then
+    ([entry()], rows(j7=(START, START - timedelta(microseconds=700))), (), "copy, collision"),
+    # a job this database does not hold (or holds with another start): another database's
+    ([entry()], {}, (), "collision"),
+    ([entry()], rows(j7=(START + timedelta(seconds=1), BEAT)), (), "collision"),  # job ids repeat
+    ([entry(heartbeat=OLD_BEAT)], {}, (), "ready"),  # a dead one's: its pods cost themselves alone
+    ([entry(job_id=ME.job_id, started=ME.started)], {}, (), "ready"),  # this scheduler itself
+    ([], {}, (), "ready"),
 ])
-def test_provenance_table(the_launcher, the_job, expected):
-    assert provenance(the_launcher, the_job) is expected
+def test_a_reading_of_the_witness(posted, held, here, expect):
+    view = judge(posted, held, here, ME, NOW, ALIVE)
+    said = {"unproven": bool(view.unproven), "copy": view.copied_at is not None, "collision": view.collision}
+    assert {k for k, v in said.items() if v} == ({*expect.split(", ")} - {"ready"})
+    assert view.ready is ("unproven" not in expect)
 
 
-@pytest.mark.parametrize("the_launch, the_job, collision, expected", [
-    (launch(), job(), False, True),
-    (launch(), job(alive=False), False, True),  # a dead scheduler's pods: the sweep's backstop
-    (launch(), job(alive=False), True, False),  # ... not while another database launches under the id
-    (launch(), job(), True, True),  # a live scheduler of this database: still fenced
-    (launch(launcher=None), None, False, True),  # builds before 0.3.0: the stamp alone, as then
-    (launch(launcher=None), None, True, False),
-    (launch(), job(heartbeat=BEAT - timedelta(seconds=1)), False, False),
-    (launch(), job(started=START - timedelta(days=1)), False, False),
-    (launch(), None, False, False),
-    (launch(deployment=THERE), job(), False, False),  # another deployment's stamp
-    (launch(deployment=None), job(), False, False),
-    (None, None, False, False),
+def test_a_copy_is_dated_by_the_last_heartbeat_it_holds_of_a_scheduler_that_went_on():
+    view = judge([entry(), entry(job_id=8, heartbeat=BEAT)], rows(j7=(START, NOW - timedelta(minutes=9)),
+                                                                   j8=(START, NOW - timedelta(minutes=2))),
+                 (), ME, NOW, ALIVE)
+    assert view.copied_at == NOW - timedelta(minutes=2)
+
+
+def test_a_scheduler_the_copy_inherited_is_never_its_own_though_its_first_heartbeat_precedes_its_start():
+    """Found on the real apiserver: a copy taken before the original's first heartbeat after its start
+    held a heartbeat 0.7 ms older than the start, dated itself before that start, and took the
+    original's pods for a dead scheduler's of its own."""
+    held = rows(j7=(START, START - timedelta(microseconds=700)))
+    view = judge([entry(heartbeat=OLD_BEAT)], held, (), ME, NOW, ALIVE)  # the original stopped since
+    assert provenance(LAUNCHER, held[7], view) is Provenance.ELSEWHERE
+
+
+def test_a_scheduler_that_stopped_posting_is_no_live_one_to_wait_for():
+    """A killed scheduler's entry keeps its last heartbeat, fresh for airflow-core's threshold; it
+    stops posting at once: three of its renewal intervals later it is dead, and its pods are a dead
+    scheduler's of this database (a restart's first loops judge them)."""
+    posting = Entry(7, START, BEAT, "host", NOW - timedelta(seconds=2), 1.0)
+    killed = Entry(7, START, BEAT, "host", NOW - timedelta(seconds=4), 1.0)
+    held = rows(j7=(START, BEAT))
+    assert judge([posting], held, (), ME, NOW, ALIVE).unproven == (posting,)
+    assert judge([killed], held, (), ME, NOW, ALIVE).quiet
+    stopped = Entry(7, START, BEAT, "host", NOW, 1.0, stopped=True)  # ended cleanly: no one to wait for
+    assert judge([stopped], held, (), ME, NOW, ALIVE).quiet
+    # ... and still the original's last word to a copy taken before it
+    assert judge([stopped], rows(j7=(START, BEAT - timedelta(seconds=1))), (), ME, NOW, ALIVE).copied_at
+
+
+def test_a_job_writes_here_once_its_heartbeat_is_seen_moving():
+    before = rows(j7=(START, BEAT), j8=(START, BEAT))
+    after = rows(j7=(START, BEAT + timedelta(seconds=5)), j8=(START, BEAT), j9=(START, BEAT))
+    assert moved(before, after) == {7}
+    assert moved(before, rows(j7=(START + timedelta(1), NOW))) == set()  # another process under that id
+
+
+# --- which database launched a pod -----------------------------------------------------------------
+
+COPY = View(renewed=True, here=frozenset({ME.job_id}), copied_at=START + timedelta(minutes=30))
+COLLIDING = View(renewed=True, here=frozenset({ME.job_id, 8}), rivals=(entry(job_id=3),))
+UNSETTLED = View(renewed=True, here=frozenset({ME.job_id}), unproven=(entry(),))
+
+
+@pytest.mark.parametrize("launcher, row, view, expected", [
+    (LAUNCHER, JobRow(START, None), QUIET, Provenance.HERE),  # a dead scheduler of this database
+    (LAUNCHER, JobRow(START, None), View(), Provenance.UNSETTLED),  # not renewed yet
+    (LAUNCHER, JobRow(START, None), UNSETTLED, Provenance.UNSETTLED),
+    (LAUNCHER, JobRow(START, None), COLLIDING, Provenance.UNSETTLED),  # another DB posts: fail safe
+    (Launcher(8, START), JobRow(START, None), COLLIDING, Provenance.HERE),  # seen writing here
+    (ME, JobRow(ME.started, None), View(here=frozenset({ME.job_id})), Provenance.HERE),  # this process's own
+    (LAUNCHER, JobRow(START, None), COPY, Provenance.ELSEWHERE),  # inherited from the original
+    (Launcher(7, START + timedelta(minutes=40)), JobRow(START + timedelta(minutes=40), None), COPY,
+     Provenance.HERE),  # the copy's own scheduler, dead since
+    (LAUNCHER, None, QUIET, Provenance.ELSEWHERE),  # no such job here
+    (LAUNCHER, JobRow(START + timedelta(seconds=1), None), QUIET, Provenance.ELSEWHERE),  # same id, another process
+    (Launcher(7, None), JobRow(START, None), QUIET, Provenance.ELSEWHERE),  # a stamp that does not read
+    (None, None, QUIET, Provenance.HERE),  # a pod of 0.2: as this database's old jobs
+    (None, None, UNSETTLED, Provenance.UNSETTLED),
+    (None, None, COPY, Provenance.ELSEWHERE),
 ])
-def test_owned_table(the_launch, the_job, collision, expected):
-    assert owned(the_launch, HERE, the_job, collision) is expected
-    assert owned(the_launch, None, the_job, collision) is False  # no id of ours yet: nothing is ours
+def test_provenance_table(launcher, row, view, expected):
+    assert provenance(launcher, row, view) is expected
 
 
-@pytest.mark.parametrize("the_launch, the_job, last, evidence", [
-    (launch(), job(started=START + timedelta(seconds=1)), 7, "started at another time"),
-    (launch(), job(heartbeat=BEAT - timedelta(seconds=1), alive=False), 7, "stopped here before"),
-    (launch(), job(heartbeat=BEAT - timedelta(seconds=1), alive=True), 7, None),  # a failover lost a write
-    (launch(launcher=Launcher(9, START, BEAT)), None, 8, "beyond this database's jobs"),
-    (launch(launcher=Launcher(7, START, BEAT)), None, 8, None),  # purged by airflow db clean: no evidence
-    (launch(launcher=Launcher(9, START, BEAT)), None, None, None),
-    (launch(), job(), 7, None),
-    (launch(launcher=None), None, 7, None),
-    (launch(deployment=THERE), job(started=START + timedelta(seconds=1)), 7, None),  # not our id's business
+@pytest.mark.parametrize("launched, deployment, expected", [
+    (Provenance.HERE, HERE, True),
+    (Provenance.UNSETTLED, HERE, False),
+    (Provenance.ELSEWHERE, HERE, False),
+    (Provenance.HERE, THERE, False),  # another deployment's stamp
+    (Provenance.HERE, None, False),
 ])
-def test_collision_evidence_table(the_launch, the_job, last, evidence):
-    found = collision_evidence(the_launch, HERE, the_job, last)
-    assert (found is None) if evidence is None else (evidence in found)
+def test_owned_table(launched, deployment, expected):
+    assert owned(launch(deployment=deployment), HERE, launched) is expected
+    assert owned(launch(deployment=deployment), None, launched) is False  # no id of ours yet: nothing is ours
 
 
-@pytest.mark.parametrize("the_launch, the_job, collision, adopting, hidden", [
-    (launch(deployment=OLD), job(), False, None, False),  # our id changed: this DB launched it
-    (launch(deployment=OLD, launcher=None), None, False, T1, False),  # 0.2 pod, the very launch adopted
-    (launch(deployment=OLD, launcher=None), None, False, T2, True),  # stamped elsewhere, nothing links it
-    (launch(deployment=OLD, launcher=None), None, False, None, True),
-    (launch(deployment=THERE), None, False, None, True),
-    (launch(deployment=THERE), job(started=START + timedelta(1)), False, None, True),
-    (launch(), job(), False, None, False),
-    (launch(), job(started=START + timedelta(seconds=1)), False, None, False),  # no collision raised
-    (launch(), job(started=START + timedelta(seconds=1)), True, None, True),  # another DB's, same id
-    (launch(), job(heartbeat=BEAT - timedelta(1), alive=False), True, None, True),
-    (launch(launcher=None), None, True, None, False),  # no evidence either way: stock's listing
-    (launch(token=None, launcher=None), None, False, None, False),
-    (None, None, True, None, False),
+@pytest.mark.parametrize("the_launch, launched, ready, hidden", [
+    (launch(deployment=OLD), Provenance.HERE, True, False),  # our id changed: this DB launched it
+    (launch(deployment=OLD, launcher=None), Provenance.UNSETTLED, True, True),  # stamped elsewhere
+    (launch(deployment=THERE, launcher=None), Provenance.HERE, True, True),  # 0.2's pod of another deployment
+    (launch(deployment=THERE), Provenance.ELSEWHERE, True, True),
+    (launch(), Provenance.HERE, True, False),
+    (launch(), Provenance.ELSEWHERE, True, True),  # another database's, same id (a copy's rows name it too)
+    (launch(), Provenance.UNSETTLED, True, False),  # a collision: no evidence about this pod, stock's listing
+    (launch(), Provenance.UNSETTLED, False, True),  # the witness cannot judge yet: nothing in doubt
+    (launch(token=None, launcher=None), Provenance.UNSETTLED, True, False),
+    (None, Provenance.UNSETTLED, False, False),  # no identity at all: stock's
 ])
-def test_hidden_from_provider_table(the_launch, the_job, collision, adopting, hidden):
-    assert hidden_from_provider(the_launch, frozenset({HERE}), HERE, the_job, collision, 7, adopting) is hidden
+def test_hidden_from_provider_table(the_launch, launched, ready, hidden):
+    assert hidden_from_provider(the_launch, frozenset({HERE}), launched, ready) is hidden
 
 
 def row(hostname):
@@ -128,34 +192,39 @@ def row(hostname):
 def test_the_host_rule_by_address(hostname, pod, names, unresolved):
     assert names_host(row(hostname), pod) is names
     assert host_unresolved(row(hostname), pod) is unresolved
-    verdict = should_delete(launch(), row(hostname), HERE, pod, job())
+    verdict = should_delete(launch(), row(hostname), HERE, pod, Provenance.HERE)
     assert verdict.act is not names
     assert verdict.reason is (Reason.RUNS_THE_TASK if names else Reason.SUPERSEDED)
 
 
-launchers = st.builds(Launcher, st.integers(1, 20), st.sampled_from([START, START + timedelta(seconds=1)]),
-                      st.sampled_from([BEAT, BEAT + timedelta(seconds=1)]))
-facts = st.none() | st.builds(JobFact, st.sampled_from([START, START + timedelta(seconds=1), None]),
-                              st.sampled_from([BEAT, BEAT + timedelta(seconds=1), None]), st.booleans())
-launches = st.none() | st.builds(launch, launcher=st.none() | launchers,
-                                 deployment=st.sampled_from([HERE, THERE, OLD, None]),
-                                 token=st.sampled_from([T1, T2, None]))
+instants = st.sampled_from([START - timedelta(microseconds=700), START, START + timedelta(minutes=30), BEAT, OLD_BEAT,
+                            NOW])
+job_rows = st.builds(JobRow, st.sampled_from([START, START + timedelta(seconds=1), None]), st.none() | instants)
+posts = st.lists(st.builds(Entry, st.integers(1, 9), st.sampled_from([START, START + timedelta(seconds=1)]), instants),
+                 max_size=4)
+held = st.dictionaries(st.integers(1, 9), job_rows, max_size=6)
 
 
-@given(launches, facts, st.booleans(), st.none() | st.integers(0, 20), st.sampled_from([None, T1, T2]))
-def test_ownership_properties(the_launch, the_job, collision, last, adopting):
-    is_owned = owned(the_launch, HERE, the_job, collision)
-    evidence = collision_evidence(the_launch, HERE, the_job, last)
-    found = provenance(the_launch.launcher if the_launch is not None else None, the_job)
-    if is_owned:  # only this deployment's stamp, and never against evidence or the launcher's row
-        assert the_launch.deployment == HERE and evidence is None
-        assert found in (Provenance.HERE, Provenance.UNSTAMPED)
-        if collision:
-            assert found is Provenance.HERE and the_job.alive
-    if evidence is not None:  # evidence is never about a pod this database launched
-        assert found is not Provenance.HERE and not is_owned
-    if found is Provenance.HERE:  # this database launched it: never hidden from adoption
-        assert not hidden_from_provider(the_launch, frozenset({HERE}), HERE, the_job, collision, last, adopting)
+@given(posts, held, st.sets(st.integers(1, 9)), st.sampled_from([None, ME]), st.none() | st.builds(
+    Launcher, st.integers(1, 9), st.sampled_from([START, START + timedelta(seconds=1), None])))
+def test_what_a_reading_never_lets_through(posted, held_rows, here, me, launcher):
+    view = judge(posted, held_rows, here, me, NOW, ALIVE)
+    found = provenance(launcher, held_rows.get(launcher.job_id) if launcher else None, view)
+    if found is Provenance.HERE and launcher is not None:
+        # a job of this database, and either seen writing here or judged while nothing is in doubt
+        assert held_rows[launcher.job_id].started == launcher.started
+        assert launcher.job_id in view.here or view.quiet
+        assert view.copied_at is None or launcher.started > view.copied_at or launcher.job_id in view.here
+    for rival in view.rivals:  # a rival is never a scheduler seen writing here
+        row = held_rows.get(rival.job_id)
+        assert row is None or row.started != rival.started or rival.job_id not in view.here
+    if view.unproven:  # in doubt: only what this process or a scheduler seen writing here launched
+        assert found is not Provenance.HERE or launcher.job_id in view.here
+    for entry_ in posted:  # a scheduler seen going on elsewhere: its pods are never this database's
+        row = held_rows.get(entry_.job_id)
+        if (row is not None and row.started == entry_.started and entry_.job_id not in view.here
+                and (me is None or entry_.launcher != me) and (row.heartbeat is None or row.heartbeat < entry_.heartbeat)):
+            assert provenance(entry_.launcher, row, view) is not Provenance.HERE
 
 
 @pytest.mark.parametrize("code, transient", [

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fenced_k8s_executor.launch import LaunchIdentity, TaskRow
+from fenced_k8s_executor.lineage import Provenance
 from fenced_k8s_executor.verdicts import (
     Reason,
     Standing,
@@ -109,14 +110,14 @@ def test_should_create_non_numeric_scheduler_skips_the_stock_check_like_the_prov
     ],
 )
 def test_should_delete_table(the_launch, the_row, delete, reason):
-    verdict = should_delete(the_launch, the_row, HERE)
+    verdict = should_delete(the_launch, the_row, HERE, launched=Provenance.HERE)
     assert (verdict.act, verdict.stock, verdict.reason) == (delete, False, reason)
 
 
 def test_swallowing_needs_no_ownership_but_deleting_does():
     assert is_stale(launch(deployment=THERE), row(token=T2)).act
-    assert not should_delete(launch(deployment=THERE), row(token=T2), HERE).act
-    assert not owned(launch(), None)
+    assert not should_delete(launch(deployment=THERE), row(token=T2), HERE, launched=Provenance.HERE).act
+    assert not owned(launch(), None, Provenance.HERE)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +186,7 @@ launches = st.one_of(
 
 @given(launches, rows)
 def test_delete_only_on_positive_evidence(the_launch, the_row):
-    verdict = should_delete(the_launch, the_row, HERE)
+    verdict = should_delete(the_launch, the_row, HERE, launched=Provenance.HERE)
     if verdict.act:
         assert the_launch is not None and the_launch.token is not None
         assert the_launch.deployment == HERE
@@ -195,7 +196,7 @@ def test_delete_only_on_positive_evidence(the_launch, the_row):
 @given(launches, rows)
 def test_the_current_launch_is_never_deleted_or_swallowed_whatever_its_row_id(the_launch, the_row):
     if the_launch is not None and the_row is not None and the_row.token == the_launch.token:
-        assert not should_delete(the_launch, the_row, HERE).act
+        assert not should_delete(the_launch, the_row, HERE, launched=Provenance.HERE).act
         assert not is_stale(the_launch, the_row).act
 
 
@@ -203,14 +204,14 @@ def test_the_current_launch_is_never_deleted_or_swallowed_whatever_its_row_id(th
 def test_legacy_is_never_fenced(the_launch, the_row):
     legacy = the_launch is None or the_launch.token is None or (the_row is not None and the_row.token is None)
     if legacy:
-        assert not should_delete(the_launch, the_row, HERE).act
+        assert not should_delete(the_launch, the_row, HERE, launched=Provenance.HERE).act
         assert not is_stale(the_launch, the_row).act
 
 
 @given(launches, rows)
 def test_other_deployments_pods_are_never_deleted(the_launch, the_row):
     if the_launch is None or the_launch.deployment != HERE:
-        assert not should_delete(the_launch, the_row, HERE).act
+        assert not should_delete(the_launch, the_row, HERE, launched=Provenance.HERE).act
 
 
 @given(launches.filter(lambda launch: launch is not None), rows, st.one_of(st.none(), st.integers(0, 9)))

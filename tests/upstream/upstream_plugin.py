@@ -161,21 +161,38 @@ def _end_leftover_processes() -> None:
     ended) would keep this pytest from exiting (multiprocessing joins them at exit): record them
     in the evidence, then end them so the run finishes.
 
-    First the fenced executors' watches of pods in flight (threads) of executors that a test never
-    ended are stopped, and garbage is collected: a Manager process ends when its executor is
-    collected, and such a thread keeps the executor reachable through the test's mocks (its
-    kube client mock holds the exception a test raised through it, whose traceback holds the
-    test's frame, which holds the executor); a real client holds nothing of the kind."""
+    First the fenced executors' threads (the watch of pods in flight, the witness's renewals) of
+    executors that a test never ended are stopped, those in the middle of a call are waited for
+    (up to 10 s together; under load a renewal in flight outlived the stop), and garbage is
+    collected: a Manager process
+    ends when its executor is collected, and such a thread keeps the executor reachable through
+    the test's mocks (its kube client mock holds the exception a test raised through it, whose
+    traceback holds the test's frame, which holds the executor); a real client holds nothing of
+    the kind."""
     import gc
     import multiprocessing
+    import threading
+    import time
 
     from fenced_k8s_executor.in_flight import InFlightPods
+    from fenced_k8s_executor.witness import Witness
 
-    watches = [o for o in gc.get_objects() if isinstance(o, InFlightPods)]
+    watches = [o for o in gc.get_objects() if isinstance(o, InFlightPods | Witness)]
     for watch in watches:
-        _evidence["pending watches stopped at exit"] += 1
+        kind = "pending watches" if isinstance(watch, InFlightPods) else "witnesses"
+        _evidence[f"{kind} stopped at exit"] += 1
         watch.stop()
     watches = watch = None  # their last references here
+    # a renewal, a sweep or a delete in flight holds its executor in its frames until it returns:
+    # let them finish (the stops above end the loops; a test's mock answers at once)
+    deadline = time.monotonic() + 10
+    for thread in threading.enumerate():
+        if thread.name.startswith("fenced-k8s-"):
+            _evidence[f"fenced thread waited for at exit {thread.name}"] += 1
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                _evidence[f"fenced thread still running at exit {thread.name}"] += 1
+    thread = None
     gc.collect()
     for child in multiprocessing.active_children():
         _evidence["leftover processes"] += 1

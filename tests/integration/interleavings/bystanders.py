@@ -1,6 +1,5 @@
 """Pods the executors did not make: another deployment's, a tokenless (pre-upgrade) one, and pods
-of this deployment whose annotations do not read (hostile). None of them may be deleted, except a
-hostile pod whose launcher stamps do not read (below).
+of this deployment whose annotations do not read (hostile). None of them may be deleted.
 
 Another deployment's pod carries the stamp its own executor derives from its own metadata DB's
 identity (``deployment.identity_id``: another server, so another system identifier), whether it
@@ -9,13 +8,11 @@ same ``127.0.0.1:port/name``, issue 35 item 4). Its TI id is unknown to our DB; 
 same as ours (the same DAG code deployed twice, a scheduled run id both share).
 
 A *hostile* pod (issue 45 item 4: a pod's annotations are a trust boundary) is a copy of a pod of
-a superseded launch of ours, launched by a live scheduler of ours (its job id, start and a
-heartbeat this database holds): read as a launch, any fence would delete it. One annotation holds
-a value that field cannot read (``HOSTILE``, the values of ``test_hostile_annotations``). Every
-such pod names no launch and must cost that pod alone: never deleted, nothing raised, the other
-pods judged as before. An unreadable launcher stamp is the exception: the launcher is then
-unknown, and the pod is judged by its deployment stamp alone, as a pod of a build before 0.3.0,
-so a fence may delete it.
+a superseded launch of ours, launched by a live scheduler of ours (its job id and start): read as
+a launch, any fence would delete it. One annotation holds a value that field cannot read
+(``HOSTILE``, the values of ``test_hostile_annotations``). Every such pod names no launch, or a
+launcher that does not read (no scheduler of this database, by the witness: issue 52), and must
+cost that pod alone: never deleted, nothing raised, the other pods judged as before.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ import uuid
 from typing import Any
 
 from fenced_k8s_executor.launch import Launcher, LaunchIdentity, pod_name
-from fenced_k8s_executor.names import (DEPLOYMENT_ANNOTATION, REGION_ANNOTATION, SCHEDULER_HEARTBEAT_ANNOTATION,
-                                       SCHEDULER_JOB_ANNOTATION, SCHEDULER_STARTED_ANNOTATION, TI_ID_ANNOTATION,
+from fenced_k8s_executor.names import (DEPLOYMENT_ANNOTATION, REGION_ANNOTATION, SCHEDULER_JOB_ANNOTATION, SCHEDULER_STARTED_ANNOTATION, TI_ID_ANNOTATION,
                                        TOKEN_ANNOTATION, TRY_NUMBER_ANNOTATION)
 
 from interleavings.model import Pod
@@ -68,16 +64,13 @@ def _hostile_values() -> dict[str, tuple[str, ...]]:
         DEPLOYMENT_ANNOTATION: tuple(v for v in _ODD if not _LABEL_VALUE.fullmatch(v)),
         # a region names a dynamic region, which Airflow 3.3 has not: a UUID is unreadable too
         REGION_ANNOTATION: tuple(v for v in _ODD if v and _not_uuid(v)) + (str(uuid.UUID(int=7, version=4)),),
-        SCHEDULER_STARTED_ANNOTATION: stamps, SCHEDULER_HEARTBEAT_ANNOTATION: stamps,
+        SCHEDULER_STARTED_ANNOTATION: stamps,
     }
     return values
 
 
 #: annotation -> values it cannot read; a hostile pod takes one.
 HOSTILE: dict[str, tuple[str, ...]] = _hostile_values()
-#: Fields whose unreadable value leaves the pod a launch of ours (the launcher unknown: judged by
-#: the stamp alone, as a build before 0.3.0 left it): a fence may delete such a pod.
-LAUNCHER_STAMPS = (SCHEDULER_STARTED_ANNOTATION, SCHEDULER_HEARTBEAT_ANNOTATION)
 
 
 def make_pod(machine: Any, origin: str, *, same_address: bool = False, same_dag: bool = False,
@@ -111,7 +104,7 @@ def make_pod(machine: Any, origin: str, *, same_address: bool = False, same_dag:
         ti_id, try_number = row.id, row.try_number
         job = creator_slot.sched.job
         creator = str(job.id)
-        launcher = Launcher(job.id, job.start_date, job.latest_heartbeat or job.start_date)
+        launcher = Launcher(job.id, job.start_date)
     else:
         stamp = our_deployment()
         creator = str(machine.legacy_job())
@@ -138,7 +131,7 @@ def make_pod(machine: Any, origin: str, *, same_address: bool = False, same_dag:
     pod = Pod(name=name, origin=origin, task=task[1] if task[0] == world.dag_id else None, launch=launch.token
               if origin != "tokenless" else None, ti_id=launch.ti_id, creator=creator,
               phase="Running" if running else "Pending", collides=collides,
-              protected=not (origin == "hostile" and field_ in LAUNCHER_STAMPS))
+              protected=True)
     machine.pods[name] = pod
     return pod
 

@@ -6,8 +6,9 @@ Each step names the promise that would catch its defect:
 
 - ``new_generation``: a running task survives the id change, as on stock (``adopted_task_reset``;
   before issue 45 the new generation's adoption hid every pod stamped with the old id);
-- ``clone_appears``: neither deployment deletes the other's pods (``current_pod_deleted`` and
-  ``host_pod_deleted`` judge the clone's deletes of ours, ``bystander_deleted`` ours of its);
+- ``clone_appears``: neither deployment deletes the other's pods, whenever the copy was taken
+  (``current_pod_deleted`` and ``host_pod_deleted`` judge the clone's deletes of ours,
+  ``bystander_deleted`` ours of its);
 - ``black_holed_loop``: every scheduler loop returns within the fences' bound, nothing deleted on
   the error (``loop_blocked``; before issue 45 the loop's read blocked for Linux's 15 minutes);
 - ``hostile_pod``: one pod whose annotations do not read costs that pod alone: it is never
@@ -20,17 +21,22 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterator
 
 import hypothesis.strategies as st
 
 from interleavings.model import Violation
 from interleavings.steps import WAIT
 
+#: When ``clone_appears`` takes its copy: the first is issue 52's probe (a copy taken between two
+#: heartbeats deleted the original's running pods).
+COPY_INSTANTS = ("right after a heartbeat, before a launch", "a heartbeat interval after one")
+
 #: Seconds a loop may take after its flows were black-holed before ``loop_blocked``: several times
-#: the fences' bound (``db.TCP_USER_TIMEOUT_MS`` per dead statement, a few statements per loop)
+#: the fences' bound (``db.bounds().operation`` per dead statement, a few statements per loop)
 #: even on a loaded machine, and far below Linux's retransmissions (about 15 minutes).
 WATCHDOG = 120.0
 
@@ -157,28 +163,35 @@ class GroundSteps:
     # ------------------------------------------------------------------ a clone deployment
 
     def clone_appears(self, data):
-        """Issue 45 item 2 in one draw: a physical copy of our metadata DB is taken (a staging
-        deployment made from production's snapshot); time passes and our schedulers heartbeat and
-        loop (their next launches name a heartbeat the copy never saw); the copy's own scheduler
-        starts in our namespace, queues its copy of the run and creates its pods; both loop."""
+        """Issue 52 item 2 in one draw: a physical copy of our metadata DB is taken (a staging
+        deployment made from production's snapshot) at a drawn instant: right after our schedulers'
+        heartbeats, with the drawn scheduler's next launch before any further heartbeat (the copy
+        then holds the very heartbeat its pods' launcher last posted), or a heartbeat interval
+        later. The copy's own scheduler starts in our namespace, queues its copy of the run and
+        creates its pods; time passes with every live scheduler heartbeating; each loops."""
         slot = self.pick(data)
-        with self.step(f"a clone of our metadata DB appears with a scheduler of its own; {slot.name} loops; "
-                       f"{WAIT} s pass, every live scheduler heartbeating; each loops"):
+        instant = data.draw(st.sampled_from(COPY_INSTANTS), label="copy taken")
+        with self.step(f"a clone of our metadata DB is taken {instant}; {slot.name} loops (no heartbeat); the "
+                       f"clone's scheduler starts; {WAIT} s pass, every live scheduler heartbeating; each loops"):
             from fenced_k8s_lab import pgops
 
             from interleavings.machine import heartbeat
 
             self.join_all()
+            for live in self.live_slots():
+                heartbeat(live.sched)
             _checkpoint(self.env.pg_server)
             server = pgops.cloned(self.env.pg_server)
             self.stack.callback(server.stop)
-            time.sleep(1.1)  # past the heartbeat interval: a launch stamped from now names a later heartbeat
-            for live in self.live_slots():
-                heartbeat(live.sched)
-            self.whole_loop(slot)
+            if instant != COPY_INSTANTS[0]:
+                time.sleep(1.1)  # past the heartbeat interval
+                for live in self.live_slots():
+                    heartbeat(live.sched)
+            self.whole_loop(slot, beat=False)  # a launch before the next heartbeat
             url = server.url(self.world.engine.url.database).replace("+psycopg2", f"+{self.driver}")
-            child = self.world.scheduler_process(self.env.profile.kind, hostname="clone-scheduler",
-                                                 env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url})
+            with _beating(self.live_slots()):  # our schedulers live on while the clone's starts
+                child = self.world.scheduler_process(self.env.profile.kind, hostname="clone-scheduler",
+                                                     env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url})
             self.stack.callback(child.kill)
             self.clone = Clone(server, child, _job_start(server, self.world.engine.url.database, child.job_id))
             type(self).clones += 1
@@ -266,6 +279,33 @@ class GroundSteps:
             self.enqueue_by(slot)
             self.whole_loop(slot)
             self.whole_loop(slot)
+
+
+@contextmanager
+def _beating(slots: list) -> Iterator[None]:
+    """Heartbeat ``slots``' schedulers in a thread, when due, until the block ends: a process that
+    starts takes seconds here, longer than the checker's health-check threshold, and a live
+    original heartbeats meanwhile (else the clone would meet an original whose schedulers look
+    dead, which the witness cannot tell from a copy of a stopped deployment)."""
+    from interleavings.machine import heartbeat
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.5):
+            for slot in slots:
+                try:
+                    heartbeat(slot.sched)
+                except Exception:  # noqa: BLE001 - a missed heartbeat is a step's business, not this thread's
+                    pass
+
+    thread = threading.Thread(target=beat, name="clone-start-heartbeats", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 def _checkpoint(server: Any) -> None:

@@ -27,7 +27,7 @@ INVARIANTS: dict[str, str] = {
     "not_terminal": "every task reaches a terminal state once faults stop and loops continue",
     "sync_raised": "no exception escapes sync()",
     "loop_blocked": "sync() returns within its bound: 3 s while the DB refuses connections, the fences' bound "
-                    "(a few dead statements of db.TCP_USER_TIMEOUT_MS each) when their flows are black-holed",
+                    "(a few dead statements of db.bounds().operation each) when their flows are black-holed",
     "step_raised": "no exception escapes the executor hooks airflow-core calls (revoke, adoption)",
     "adopted_task_reset": "adoption never resets a task whose current launch's pod is alive and labelled for the "
                           "scheduler that queued it: stock adopts it, whatever the deployment id (issue 45 item 1)",
@@ -90,6 +90,8 @@ class Pod:
     creator: str | None = None  # airflow-worker label: the job id of the scheduler that created it
     phase: str = "Pending"  # as the checker's kubelet last set it
     ran: str | None = None  # "won" / "refused" once its worker called /run; "reported": finishing after its report
+    try_number: str | None = None  # the try its annotations name
+    worker: str | None = None  # airflow-worker label as last listed: the scheduler whose watch reports its end
     gone: bool = False
     deleting: bool = False
     collides: bool = False  # another deployment's pod stamped with our deployment id

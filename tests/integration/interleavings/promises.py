@@ -93,8 +93,10 @@ class Promises:
                 record = self.pods[name] = Pod(
                     name=name, origin="clone" if made_by_clone else "ours", task=task, launch=launch,
                     creator=creator_of(pod), stamp=annotations.get(DEPLOYMENT_ANNOTATION),
-                    ti_id=annotations.get(TI_ID_ANNOTATION) or (workload and workload.ti_id))
+                    ti_id=annotations.get(TI_ID_ANNOTATION) or (workload and workload.ti_id),
+                    try_number=annotations.get("try_number"))
             record.phase = (pod.status.phase if pod.status else None) or "Pending"
+            record.worker = (pod.metadata.labels or {}).get("airflow-worker")
             record.deleting = bool(pod.metadata.deletion_timestamp)
         self.judge_deletes(rows)
         self.kubelet.reap(listed)
@@ -172,7 +174,7 @@ class Promises:
                 row = rows.get(key.task_id)
                 wrong = row is None or row.state in TERMINAL or (
                     row.queued_by not in (None, job) and row.state in ("queued", "running"))
-                if not wrong:
+                if not wrong or self.worker_on_node(job, key):
                     continue
                 ident = (slot.name, job, key)
                 held_now.add(ident)
@@ -183,6 +185,17 @@ class Promises:
                               key=("slot",) + ident)
         for ident in [i for i in self.slot_watch if i not in held_now]:
             del self.slot_watch[ident]
+
+    def worker_on_node(self, job: int, key: Any) -> bool:
+        """Whether the worker of ``key``'s try still runs in its pod on ``job``'s watch: it won /run
+        and its pod is Running (it runs the try, or finishes it after its report: callbacks, the log
+        upload). The row may be terminal by then (issue 55: the last try reported failed), yet the
+        slot is the pod's until the pod ends, when the provider frees it on its terminal event, stock
+        and fenced alike; judging it from then is the promise."""
+        return any(not pod.bystander and not pod.gone and not pod.deleting and pod.phase == "Running"
+                   and pod.ran in ("won", "reported") and pod.task == key.task_id
+                   and pod.try_number == str(key.try_number) and pod.worker == str(job)
+                   for pod in self.pods.values())
 
     def check_burns(self, rows: dict[str, TaskRow]) -> None:
         for task, row in rows.items():
@@ -195,9 +208,9 @@ class Promises:
         """One capable loop of ``slot``: it counts against each superseded pod it could fence (its
         own at once; a peer's from the next epoch: the hand-over grace) and each wrongly held slot."""
         job = str(slot.sched.job_id)
-        # Once a clone launches under our id, a collision is raised and, by design, only pods of a
-        # scheduler alive in this database are deleted, until 10 minutes pass without evidence: the
-        # per-loop promises are the clone's steps' to judge no more (docs/checker.md).
+        # Once a clone posts under our id in the witness (a collision), by design only pods of
+        # schedulers seen writing to this database are deleted until it stops: the per-loop
+        # promises are the clone's steps' to judge no more (docs/checker.md).
         # A pod stamped with an id the live schedulers no longer have (``new_generation``) is not
         # this deployment's by design (``verdicts.owned``): never deleted, it is left to the run gate.
         stamp = self.deployment_id() if self.env.profile.kind == "fenced" and self.generation else None

@@ -320,13 +320,16 @@ class Steps:
     def retry_while_finishing(self, data):
         """The pod of a current launch starts and wins /run; its task fails (up_for_retry) while the pod
         goes on finishing; the scheduler queues the retry: a new launch, and the row names the old
-        pod as its host until the retry's /run. The old pod must be left to finish."""
+        pod as its host until the retry's /run. The old pod must be left to finish. On the task's last
+        try the worker reports failed (the trace says so): the row is terminal while the pod finishes."""
         slot = self.pick(data)
         with self.step(f"{slot.name}'s newest pod starts (after a loop if it has none), wins /run, reports "
                        f"up_for_retry and goes on finishing; {slot.name} loops"):
             pod = self.winning_pod(data, slot)
             if pod is not None:
                 self.finish_worker(pod, ok=False, finishing=True)
+                if self.rows()[pod.task].state == "failed":
+                    self.trace[-1] += " [its last try: reported failed]"
                 self.whole_loop(slot)
 
     def finishing_pod_ends(self, data):
