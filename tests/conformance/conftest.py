@@ -251,3 +251,12 @@ def h():
         pod_body=pod_body, create_pod=create_pod, read_log=read_log, status_of=status_of, raw=raw, Collector=Collector,
         FAKE_NODE=FAKE_NODE, PARTIAL=PARTIAL, PARTIAL_LIST=PARTIAL_LIST, WAIT=WAIT, ApiException=ApiException,
     )
+
+
+@pytest.fixture
+def faults(target):
+    """The target's fault controls (emulator or real); skips a target without write faults."""
+    if target is None or not getattr(target, "supports_write_faults", False):
+        pytest.skip("needs write faults (the emulator, or the real apiserver's admission webhook)")
+    yield target
+    target.clear_faults()

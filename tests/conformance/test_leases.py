@@ -338,14 +338,6 @@ def test_audit_records_lease_requests(target, coord, ns):
     assert entries[1]["path"] == f"/apis/{GROUP}/v1/namespaces/{ns}/leases/w"
 
 
-@pytest.fixture
-def faults(target):
-    if target is None or not getattr(target, "supports_write_faults", False):
-        pytest.skip("needs write faults (the emulator, or the real apiserver's admission webhook)")
-    yield target
-    target.clear_faults()
-
-
 def test_write_faults_on_lease_paths(coord, v1, ns, faults):
     coord.create_namespaced_lease(ns, body("w"))
     faults.add_fault(method="PATCH", path=rf"^/apis/{GROUP}/v1/namespaces/{ns}/leases/w$", status=503, times=1)

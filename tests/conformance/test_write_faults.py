@@ -15,15 +15,6 @@ from fenced_k8s_lab.kubeapi.errors import REASONS
 CODES = [403, 404, 409, 429, 500, 503]
 
 
-@pytest.fixture
-def faults(target):
-    """The target's fault controls (emulator or real); skips a target without write faults."""
-    if target is None or not getattr(target, "supports_write_faults", False):
-        pytest.skip("needs write faults (the emulator, or the real apiserver's admission webhook)")
-    yield target
-    target.clear_faults()
-
-
 def _names(v1, ns) -> set[str]:
     return {p.metadata.name for p in v1.list_namespaced_pod(ns).items}
 

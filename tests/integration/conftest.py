@@ -261,6 +261,15 @@ class World:
         assert len(names) == 1, names
         return names[0]
 
+    def start_in_pod(self, task_id: str = "t1") -> tuple[Row, str]:
+        """The task's (one) pod runs and the task starts in it, its host the pod (the execution
+        API's ``/run``, as the worker sends it): (row, pod)."""
+        row = self.row(task_id)
+        pod = self.pod_of(row)
+        self.set_pod_phase(pod, "Running")
+        self.airflow.start(row, hostname=pod)
+        return row, pod
+
     def stale_pod(self, row: Row, token: str, *, sched: Scheduler, phase: str = "Pending", name: str | None = None,
                   container_reason: str | None = None, deployment: str | None = None,
                   launcher: dict | None = None) -> str:
@@ -560,6 +569,34 @@ def world(metadata_db, airflow, kube_api, tmp_path, monkeypatch, request):
     task_ids, dag_kwargs = tasks_of(request)
     with open_world(kube_api, metadata_db, airflow, tmp_path, monkeypatch, task_ids, dag_kwargs) as w:
         yield w
+
+
+@pytest.fixture
+def count_metric(monkeypatch) -> Callable[..., list]:
+    """``count_metric(metric, *wanted)``: every ``metric`` this process emits from then on (it still
+    goes out), as the values of its ``wanted`` tags (the value of one, a tuple of several)."""
+    from fenced_k8s_executor import metrics
+
+    def counter(metric: str, *wanted: str) -> list:
+        counted: list = []
+        original = metrics.incr
+
+        def incr(name, tags=None, count=1):
+            if name == metric:
+                values = tuple((tags or {}).get(tag) for tag in wanted)
+                counted.append(values[0] if len(values) == 1 else values)
+            return original(name, tags, count)
+
+        monkeypatch.setattr(metrics, "incr", incr)
+        return counted
+
+    return counter
+
+
+@pytest.fixture
+def cuts(count_metric):
+    """The ``db.cut`` metrics counted in this process, by operation (the watchdog's cuts)."""
+    return count_metric("db.cut", "operation")
 
 
 @pytest.fixture

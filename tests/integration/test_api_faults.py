@@ -67,20 +67,9 @@ def delivered(monkeypatch):
 
 
 @pytest.fixture
-def api_errors(monkeypatch):
+def api_errors(count_metric):
     """The ``api_error`` metrics counted in this process, as (call, status)."""
-    from fenced_k8s_executor import metrics
-
-    counted: list[tuple[str, str]] = []
-    original = metrics.incr
-
-    def incr(name, tags=None, count=1):
-        if name == "api_error":
-            counted.append(((tags or {}).get("call"), (tags or {}).get("status")))
-        return original(name, tags, count)
-
-    monkeypatch.setattr(metrics, "incr", incr)
-    return counted
+    return count_metric("api_error", "call", "status")
 
 
 def writable(world, fault: str) -> None:

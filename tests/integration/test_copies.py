@@ -230,10 +230,7 @@ def test_a_copy_taken_while_earlier_launches_run_never_touches_their_pods_when_i
     world.queue(origin)
     origin.executor.sync()
     for task in ("t2", "t4"):
-        row = world.row(task)
-        pod = world.pod_of(row)
-        world.set_pod_phase(pod, "Running")
-        world.airflow.start(row, hostname=pod)
+        world.start_in_pod(task)
     origin.heartbeat()
     ours = live(world)
     snapshot = copies.take()
@@ -295,10 +292,7 @@ def test_a_point_in_time_restore_leaves_the_pods_launched_after_the_restore_poin
     origin = world.scheduler(kind)
     world.queue(origin)
     origin.executor.sync()
-    row = world.row("t1")
-    pod = world.pod_of(row)
-    world.set_pod_phase(pod, "Running")
-    world.airflow.start(row, hostname=pod)
+    world.start_in_pod("t1")
     origin.heartbeat()
     restore_point = copies.take()
     with looping(origin):

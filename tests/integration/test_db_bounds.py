@@ -129,20 +129,9 @@ def world(metadata_db, airflow, emulator_session, tmp_path, monkeypatch, request
 
 
 @pytest.fixture
-def check_errors(monkeypatch):
+def check_errors(count_metric):
     """The ``fence_check.error`` metrics counted in this process, by path."""
-    from fenced_k8s_executor import metrics
-
-    counted: list[str | None] = []
-    original = metrics.incr
-
-    def incr(name, tags=None, count=1):
-        if name == "fence_check.error":
-            counted.append((tags or {}).get("path"))
-        return original(name, tags, count)
-
-    monkeypatch.setattr(metrics, "incr", incr)
-    return counted
+    return count_metric("fence_check.error", "path")
 
 
 def _client_port(reads: ledger.InFlightReads) -> int:
@@ -355,23 +344,6 @@ def test_a_bound_the_operator_set_in_the_url_is_kept(metadata_db, monkeypatch):
     finally:
         db.dispose()
         engine.dispose()
-
-
-@pytest.fixture
-def cuts(monkeypatch):
-    """The ``db.cut`` metrics counted in this process, by operation (the watchdog's cuts)."""
-    from fenced_k8s_executor import metrics
-
-    counted: list[str] = []
-    original = metrics.incr
-
-    def incr(name, tags=None, count=1):
-        if name == "db.cut":
-            counted.append((tags or {}).get("operation"))
-        return original(name, tags, count)
-
-    monkeypatch.setattr(metrics, "incr", incr)
-    return counted
 
 
 def test_a_black_hole_in_the_middle_of_a_statement_is_cut_within_its_bound(

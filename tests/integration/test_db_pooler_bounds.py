@@ -102,23 +102,6 @@ def behind_pooler(metadata_db, bouncer, driver, monkeypatch):
         settings.reconfigure_orm()
 
 
-@pytest.fixture
-def cuts(monkeypatch):
-    """The ``db.cut`` metrics counted in this process, by operation."""
-    from fenced_k8s_executor import metrics
-
-    counted: list[str] = []
-    original = metrics.incr
-
-    def incr(name, tags=None, count=1):
-        if name == "db.cut":
-            counted.append((tags or {}).get("operation"))
-        return original(name, tags, count)
-
-    monkeypatch.setattr(metrics, "incr", incr)
-    return counted
-
-
 def _launch() -> LaunchIdentity:
     dag_id, task_id, run_id, map_index = NO_TASK
     return LaunchIdentity(ti_id=str(uuid.uuid4()), token=str(uuid.uuid4()), try_number=1, dag_id=dag_id,

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from fenced_k8s_executor import cli, ledger, metrics, pods, provider_compat
+from fenced_k8s_executor import cli, ledger, pods, provider_compat
 from fenced_k8s_executor.deployment import Deployment
 from fenced_k8s_executor.launch import LaunchIdentity
 from fenced_k8s_executor.names import (DEPLOYMENT_ANNOTATION, REGION_ANNOTATION, SCHEDULER_JOB_ANNOTATION,
@@ -170,18 +170,9 @@ def real_apiserver(kube_api):
 
 
 @pytest.fixture
-def reported(monkeypatch):
+def reported(count_metric):
     """Every ``pod.malformed`` metric emitted: [reason]."""
-    seen: list[str] = []
-    original = metrics.incr
-
-    def incr(name, tags=None, count=1):
-        if name == "pod.malformed":
-            seen.append((tags or {}).get("reason"))
-        original(name, tags, count)
-
-    monkeypatch.setattr(metrics, "incr", incr)
-    return seen
+    return count_metric("pod.malformed", "reason")
 
 
 # ---------------------------------------------------------------------------------------------- paths

@@ -153,6 +153,22 @@ def test_the_rollout_from_0_2_loses_no_running_task_and_deletes_what_0_2_deleted
     assert running in live and stale not in live
 
 
+def _beside_a_live_peer(world, monkeypatch):
+    """A dead scheduler's running task t1 (an orphan once it stopped), a live peer that heartbeat
+    since, and a new scheduler whose witness has not yet seen that peer write here: (row, pod, new)."""
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC", "0.2")
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", "30")
+    dead, peer = world.scheduler("fenced"), world.scheduler("fenced")
+    world.queue(dead)
+    dead.executor.sync()
+    row, pod = world.start_in_pod("t1")
+    dead.stop()  # its TIs are orphans now
+    peer.heartbeat()
+    new = world.scheduler("fenced")
+    assert not new.executor.witness.view.ready  # the peer is live and not yet seen writing here
+    return row, pod, new
+
+
 @pytest.mark.tasks("t1")
 def test_adoption_before_the_witness_judges_a_live_peer_resets_nothing_and_relabels_once_it_does(world, monkeypatch):
     """A scheduler that starts beside a live peer cannot tell the peer's pods from an original's
@@ -160,19 +176,7 @@ def test_adoption_before_the_witness_judges_a_live_peer_resets_nothing_and_relab
     first orphan adoption then resets nothing: the dead scheduler's TIs are adopted in the database,
     their pods listed (their launches remembered) and relabelled once the witness has seen the peer
     write here."""
-    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC", "0.2")
-    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", "30")
-    dead, peer = world.scheduler("fenced"), world.scheduler("fenced")
-    world.queue(dead)
-    dead.executor.sync()
-    row = world.row("t1")
-    pod = world.pod_of(row)
-    world.set_pod_phase(pod, "Running")
-    world.airflow.start(row, hostname=pod)
-    dead.stop()  # its TIs are orphans now
-    peer.heartbeat()
-    new = world.scheduler("fenced")
-    assert not new.executor.witness.view.ready  # the peer is live and not yet seen writing here
+    row, pod, new = _beside_a_live_peer(world, monkeypatch)
     assert new.adopt_or_reset_orphans() == 0, "a task was reset while the witness could not judge"
     adopted = world.row("t1")
     assert (adopted.id, adopted.queued_by_job_id) == (row.id, new.job_id)
@@ -190,19 +194,7 @@ def test_a_witness_that_cannot_judge_by_the_time_adoption_lists_pods_resets_noth
     the provider's listing, and the provider reset their tasks while the pods ran. Now the adoption
     waits as when the check had said so (``guards.NotJudgedYet``). The change is pinned here by
     the check saying ready while the listing's reading is not."""
-    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC", "0.2")
-    monkeypatch.setenv("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD", "30")
-    dead, peer = world.scheduler("fenced"), world.scheduler("fenced")
-    world.queue(dead)
-    dead.executor.sync()
-    row = world.row("t1")
-    pod = world.pod_of(row)
-    world.set_pod_phase(pod, "Running")
-    world.airflow.start(row, hostname=pod)
-    dead.stop()
-    peer.heartbeat()
-    new = world.scheduler("fenced")
-    assert not new.executor.witness.view.ready
+    _, _, new = _beside_a_live_peer(world, monkeypatch)
     with monkeypatch.context() as check:
         check.setattr(new.executor, "_witness_ready", lambda: True)  # the check, before the change
         assert new.adopt_or_reset_orphans() == 0, "a task whose pod runs was reset"

@@ -8,14 +8,11 @@ leases.py.
 
 from __future__ import annotations
 
-import copy
-
 from aiohttp import web
 
 from . import leases, objects
 from .errors import ApiError
-from .patches import PatchDecodeError, PatchError
-from .resources import _PATCH_TYPES, Resources, _body, _json
+from .resources import Resources, _body, _json, _patched
 from .selectors import LEASE_FIELDS, SelectorError, parse_field_selector, parse_label_selector
 
 __all__ = ["LeaseResources"]
@@ -82,13 +79,7 @@ class LeaseResources(Resources):
 
     async def patch_lease(self, request: web.Request, ns: str, name: str) -> web.Response:
         old = self._get("leases", ns, name)
-        ctype, doc = await _body(request, tuple(_PATCH_TYPES))
-        try:
-            patched = _PATCH_TYPES[ctype](copy.deepcopy(old), doc)
-        except PatchDecodeError as exc:
-            raise ApiError.bad_request(str(exc))
-        except PatchError as exc:
-            raise ApiError(422, str(exc), "Invalid")
+        patched = await _patched(request, old)
         lease = self._decode_lease(patched, in_patch=True)
         self._check_rv(old, lease["metadata"].get("resourceVersion"), name)
         return _json(self._commit("leases", old, leases.lease_update(old, lease)))
