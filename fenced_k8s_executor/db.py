@@ -160,10 +160,15 @@ def bounds() -> Bounds:
     return _current().bounds
 
 
+def set_timeout() -> str:
+    """The server's bound on the statements of the transaction it begins (``bounds()``)."""
+    return f"SET LOCAL statement_timeout = {bounds().statement_ms}"
+
+
 def bound() -> str:
     """Sent at the head of a single statement's query string in autocommit: PostgreSQL runs a string
     of several statements in one implicit transaction, so the setting ends with the statement."""
-    return f"SET LOCAL statement_timeout = {bounds().statement_ms}; "
+    return set_timeout() + "; "
 
 
 def dispose() -> None:
@@ -367,7 +372,7 @@ def _checkin(dbapi: Any, record: Any) -> None:
 
 def _bound(conn: Any) -> None:
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {bounds().statement_ms}")
+        conn.exec_driver_sql(set_timeout())
 
 
 @contextmanager
