@@ -224,6 +224,22 @@ class World:
             time.sleep(0.2)
         return predicate()
 
+    def while_held(self, action: Callable[[], None], timeout: float = 30.0) -> threading.Thread:
+        """Run ``action`` in a thread once the backend holds a write in flight (a fault fired):
+        a timer guessed when the write would be sent, and under load it fired before the
+        scheduler's loop had sent it. Not run if no fault fires within ``timeout``."""
+        def run() -> None:
+            deadline = time.monotonic() + timeout
+            while not any(f["fired"] for f in self.backend.faults()):
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.02)
+            action()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
     def settle(self, executor, seconds: float = 2.0) -> None:
         """Let the watcher deliver what it has seen, syncing as the heartbeat would."""
         deadline = time.monotonic() + seconds

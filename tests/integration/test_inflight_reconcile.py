@@ -100,7 +100,6 @@ def test_pending_pod_superseded_by_the_peer_scheduler_dies_within_one_loop(world
 def test_pending_pod_of_a_revoked_launch_never_outlives_one_loop(world, needs_write_faults, kind):
     """The stuck-in-queued revoke and the re-queue land while the launch's create request is in
     flight (check-then-create gap): the revoke finds no pod, the create lands after it."""
-    import threading
 
     sched = world.scheduler(kind)
     world.queue(sched)
@@ -111,10 +110,9 @@ def test_pending_pod_of_a_revoked_launch_never_outlives_one_loop(world, needs_wr
         sched.stuck_in_queued()
         sched.enqueue()
 
-    timer = threading.Timer(0.5, revoke_and_requeue)
-    timer.start()
+    moving = world.while_held(revoke_and_requeue)
     sched.executor.sync()  # pre-check passes; the create lands after the revoke
-    timer.join()
+    moving.join()
     assert [f["fired"] for f in world.backend.faults()] == [1], "the create was not held in flight"
     stale = [p.metadata.name for p in world.live_pods(first)
              if (p.metadata.annotations or {}).get(TOKEN_ANNOTATION, first.token) == first.token]

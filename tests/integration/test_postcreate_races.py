@@ -8,7 +8,6 @@ that stops reproducing its race fails.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -41,10 +40,9 @@ def test_a2_check_then_create_gap(world, needs_write_faults, kind):
         world.queue(peer, trigger=False)  # the peer's next loop queues it: a new launch
         requeued["row"] = world.row("t1")
 
-    timer = threading.Timer(0.5, clear_and_requeue)
-    timer.start()
+    moving = world.while_held(clear_and_requeue)
     sched.executor.sync()  # pre-check passes, create lands after the row moved on
-    timer.join()
+    moving.join()
     assert [f["fired"] for f in world.backend.faults()] == [1], "the create was not held in flight"
     world.settle(sched.executor, 1.5)  # the next loop re-checks what was created
     live = world.live_pods(first)
