@@ -149,7 +149,7 @@ def test_a_woken_schedulers_create_that_lost_to_the_adopter_frees_its_slot(world
     woken scheduler's watcher never reports it (before the fix: 31 of 32 slots held for good).
     Quick heartbeats: the adopter's heartbeat waits out a heartbeat interval since its start, and
     at the default 5 s its create came only ~1 s before the woken one's (6 s in flight) landed,
-    so under load the woken create sometimes won (once in 8 runs of the 3.4 race step beside CI)."""
+    so under load the woken create sometimes won (once in 9 runs of the 3.4 race step here, beside a CI run)."""
     # the woken scheduler's create waits for its answer (no client-side timeout before it lands)
     world.monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS", '{"_request_timeout": [5, 30]}')
     woken, adopter = world.scheduler(kind), world.scheduler(kind)
