@@ -68,7 +68,8 @@ class Build:
 @functools.cache
 def this_build() -> Build:
     try:
-        from fenced_k8s_executor import _build  # type: ignore[attr-defined]
+        # As a submodule: ``from fenced_k8s_executor import _build`` would ask the package's __getattr__ first.
+        import fenced_k8s_executor._build as _build  # type: ignore[import-not-found]
     except ImportError:
         return Build(version(), None, None, None, NO_RECORD)
     return Build(version(), getattr(_build, "COMMIT", None), getattr(_build, "DIRTY", None),

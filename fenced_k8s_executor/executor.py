@@ -420,8 +420,8 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         try:
             found = pods.read_with_addresses(self.kube_client, name, namespace, self._api_args)
         except Exception as error:
-            if guards.is_api_error(error):
-                guards.report("read", error, then=f"pod {namespace}/{name} checked again later")
+            if pods.is_api_error(error):
+                pods.report("read", error, then=f"pod {namespace}/{name} checked again later")
             else:
                 log.warning("fenced_k8s_executor could not read pod %s/%s: %r", namespace, name, error)
             return None

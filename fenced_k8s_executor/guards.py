@@ -18,56 +18,15 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
-from kubernetes.client.rest import ApiException
-
-from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import (TRANSIENT_CONNECTION_ERRORS,
-                                                                          annotations_to_key)
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import annotations_to_key
 
 from fenced_k8s_executor import metrics, verdicts
 from fenced_k8s_executor.launch import from_pod_metadata
+from fenced_k8s_executor.pods import is_api_error, list_pages, report, request_args
 
 log = logging.getLogger("fenced_k8s_executor")
-
-#: (connect, read) seconds after which the fences' own calls give up, unless
-#: ``kube_client_request_args`` sets ``_request_timeout``: a call nobody answers (a dead
-#: connection) would otherwise hold the scheduler loop, or the sweep and its advisory lock, until
-#: TCP gives up, if ever. kube-apiserver ends a non-watch request after 60 s itself
-#: (``--request-timeout``), so this cuts only connections nobody answers on.
-REQUEST_TIMEOUT = (30.0, 120.0)
-
-
-def request_args(configured: Mapping | None) -> dict:
-    """The request args of a fence's own call: the configured ones (``kube_client_request_args``),
-    with ``REQUEST_TIMEOUT`` when they set no ``_request_timeout``."""
-    return {"_request_timeout": REQUEST_TIMEOUT, **(configured or {})}
-
-_API_ERRORS: tuple[type[BaseException], ...] = (
-    ApiException,
-    *TRANSIENT_CONNECTION_ERRORS,
-    ConnectionError,
-    TimeoutError,
-)
-
-
-def is_api_error(error: BaseException) -> bool:
-    """An error from talking to the Kubernetes API (status or transport), not a bug of ours."""
-    return isinstance(error, _API_ERRORS)
-
-
-def status_of(error: BaseException) -> str:
-    status = getattr(error, "status", None)
-    return str(status) if status else type(error).__name__
-
-
-def report(call: str, error: BaseException, then: str = "retrying next loop") -> None:
-    """The one log line and the one metric of an API error."""
-    status = status_of(error)
-    metrics.incr("api_error", {"call": call, "status": status})
-    text = str(error).strip()
-    detail = getattr(error, "reason", None) or (text.splitlines()[0][:200] if text else type(error).__name__)
-    log.warning("fenced_k8s_executor API error call=%s status=%s %s: %s", call, status, then, detail)
 
 
 def coordinates(pod: Any) -> Any:
@@ -148,7 +107,7 @@ class ApiGuard:
     @property
     def _api_args(self) -> dict:
         """Request args of the fences' own API calls: the provider's, with a timeout unless
-        they set one (``REQUEST_TIMEOUT``)."""
+        they set one (``pods.REQUEST_TIMEOUT``)."""
         return request_args(self.kube_config.kube_client_request_args)
 
     # ---------------------------------------------------------------- postponed work
@@ -257,14 +216,12 @@ class ApiGuard:
         """The launches of the dead schedulers' pods, from metadata-only lists (what stock's adoption
         lists), so that their events resolve from memory while their relabelling waits for the
         witness, instead of a pod read each; an API error leaves them to those reads."""
-        from fenced_k8s_executor import pods
-
         for job_id in job_ids:
             selector = f"kubernetes_executor=True,airflow-worker={self._make_safe_label_value(str(job_id))}"
             try:
                 for namespace in self._namespaces():
-                    for page in pods.list_pages(self.kube_client, namespace, label_selector=selector,
-                                                request_args=self._api_args):
+                    for page in list_pages(self.kube_client, namespace, label_selector=selector,
+                                           request_args=self._api_args):
                         self.book.remember_all((ref.name, ref.launch) for ref in page if ref.launch is not None)
             except Exception as error:  # noqa: BLE001 - the events read their pods instead
                 log.info("fenced_k8s_executor could not list the pods of scheduler %s: %r", job_id, error)

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-from fenced_k8s_executor import guards, metrics, pods
+from fenced_k8s_executor import metrics, pods
 from fenced_k8s_executor.names import DEPLOYMENT_LABEL, TOKEN_LABEL
 
 log = logging.getLogger("fenced_k8s_executor")
@@ -133,7 +133,7 @@ class InFlightPods:
         self._kube_client = kube_client
         self._namespaces = list(namespaces)
         self._selector = label_selector(deployment)
-        self._args = guards.request_args(request_args)
+        self._args = pods.request_args(request_args)
         self._page_size = page_size
         self._stop = threading.Event()
         self._listed: dict[str | None, threading.Event] = {ns: threading.Event() for ns in self._namespaces}
@@ -194,8 +194,8 @@ class InFlightPods:
                 if self._stop.is_set():
                     return
                 self.errors += 1
-                if guards.is_api_error(error):
-                    guards.report("pending_watch", error, then=f"retried in {backoff:.1f}s")
+                if pods.is_api_error(error):
+                    pods.report("pending_watch", error, then=f"retried in {backoff:.1f}s")
                 else:
                     log.warning("fenced_k8s_executor pending-pod watch of %s failed, retried in %.1fs: %r",
                                 namespace or "all namespaces", backoff, error)

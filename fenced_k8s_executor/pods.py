@@ -1,5 +1,5 @@
 """The Kubernetes calls the fences make: guarded delete, identity read, metadata-only list pages
-and watches.
+and watches, with what they all share: the request args, and how an API error is told and reported.
 
 Deletes always carry a uid precondition, so a pod recreated under the same name (deterministic
 names make that possible) is never hit by a decision taken about its predecessor. API errors are
@@ -20,7 +20,9 @@ from kubernetes.client import V1DeleteOptions, V1Preconditions
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from fenced_k8s_executor import guards, metadata_pb
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import TRANSIENT_CONNECTION_ERRORS
+
+from fenced_k8s_executor import metadata_pb, metrics
 from fenced_k8s_executor.launch import LaunchIdentity, from_pod_metadata
 
 log = logging.getLogger("fenced_k8s_executor")
@@ -28,6 +30,46 @@ log = logging.getLogger("fenced_k8s_executor")
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
 #: Protobuf where the server speaks it (kube-apiserver), JSON otherwise: see ``metadata_pb``.
 LIST_ACCEPT = f"{metadata_pb.ACCEPT}, {METADATA_LIST_ACCEPT}"
+
+#: (connect, read) seconds after which the fences' own calls give up, unless
+#: ``kube_client_request_args`` sets ``_request_timeout``: a call nobody answers (a dead
+#: connection) would otherwise hold the scheduler loop, or the sweep and its advisory lock, until
+#: TCP gives up, if ever. kube-apiserver ends a non-watch request after 60 s itself
+#: (``--request-timeout``), so this cuts only connections nobody answers on.
+REQUEST_TIMEOUT = (30.0, 120.0)
+
+
+def request_args(configured: Mapping | None) -> dict:
+    """The request args of a fence's own call: the configured ones (``kube_client_request_args``),
+    with ``REQUEST_TIMEOUT`` when they set no ``_request_timeout``."""
+    return {"_request_timeout": REQUEST_TIMEOUT, **(configured or {})}
+
+
+_API_ERRORS: tuple[type[BaseException], ...] = (
+    ApiException,
+    *TRANSIENT_CONNECTION_ERRORS,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def is_api_error(error: BaseException) -> bool:
+    """An error from talking to the Kubernetes API (status or transport), not a bug of ours."""
+    return isinstance(error, _API_ERRORS)
+
+
+def status_of(error: BaseException) -> str:
+    status = getattr(error, "status", None)
+    return str(status) if status else type(error).__name__
+
+
+def report(call: str, error: BaseException, then: str = "retrying next loop") -> None:
+    """The one log line and the one metric of an API error."""
+    status = status_of(error)
+    metrics.incr("api_error", {"call": call, "status": status})
+    text = str(error).strip()
+    detail = getattr(error, "reason", None) or (text.splitlines()[0][:200] if text else type(error).__name__)
+    log.warning("fenced_k8s_executor API error call=%s status=%s %s: %s", call, status, then, detail)
 
 
 @dataclass(frozen=True)
@@ -115,11 +157,11 @@ def delete(kube_client: Any, ref: PodRef, request_args: Mapping | None = None) -
     except ApiException as error:
         if error.status in (404, 409):  # already gone, or a different object now holds the name
             return False
-        guards.report("delete", error, then=f"pod {ref.namespace}/{ref.name} left for a later check")
+        report("delete", error, then=f"pod {ref.namespace}/{ref.name} left for a later check")
         return None
     except Exception as error:  # connection errors: no evidence the delete happened; try next time
-        if guards.is_api_error(error):
-            guards.report("delete", error, then=f"pod {ref.namespace}/{ref.name} left for a later check")
+        if is_api_error(error):
+            report("delete", error, then=f"pod {ref.namespace}/{ref.name} left for a later check")
         else:
             log.warning("fenced_k8s_executor could not delete pod %s/%s: %r", ref.namespace, ref.name, error)
         return None

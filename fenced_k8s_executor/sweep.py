@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from fenced_k8s_executor import guards, ledger, metrics, pods, verdicts
+from fenced_k8s_executor import ledger, metrics, pods, verdicts
 from fenced_k8s_executor.lineage import Provenance
 from fenced_k8s_executor.metrics import short
 from fenced_k8s_executor.names import DEPLOYMENT_LABEL, TOKEN_LABEL
@@ -74,7 +74,7 @@ class Sweeper:
         self.page_size = page_size
         self.enforcing = enforcing
         self.deployment = deployment
-        self.request_args = guards.request_args(request_args)  # with a timeout unless configured
+        self.request_args = pods.request_args(request_args)  # with a timeout unless configured
         self._read_rows = read_rows
         self._lock = lock if lock is not None else advisory_lock
         self._on_stale = on_stale
@@ -113,8 +113,8 @@ class Sweeper:
                             deletes.close()  # every delete answered before the lock is let go
         except Exception as error:  # never let a sweep error escape: next interval retries
             report.errors.append(repr(error))
-            if guards.is_api_error(error):
-                guards.report("sweep", error, then="next interval retries")
+            if pods.is_api_error(error):
+                pods.report("sweep", error, then="next interval retries")
             else:
                 log.warning("fenced_k8s_executor sweep failed: %r", error)
         report.seconds = time.monotonic() - start

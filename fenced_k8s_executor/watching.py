@@ -42,7 +42,7 @@ from urllib3.exceptions import ReadTimeoutError
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_types import ALL_NAMESPACES, POD_EXECUTOR_DONE_KEY
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor_utils import KubernetesJobWatcher
 
-from fenced_k8s_executor import guards, metrics, provider_compat
+from fenced_k8s_executor import metrics, pods, provider_compat
 
 log = logging.getLogger("fenced_k8s_executor")
 
@@ -64,11 +64,6 @@ BACKOFF_MAX = 2.0
 
 def _is_gone(error: BaseException) -> bool:
     return isinstance(error, ApiException) and str(getattr(error, "status", "")) == "410"
-
-
-def _status_of(error: BaseException) -> str:
-    status = getattr(error, "status", None)
-    return str(status) if status else type(error).__name__
 
 
 @dataclass
@@ -174,10 +169,10 @@ class ResilientJobWatcher(KubernetesJobWatcher):
             log.debug("fenced_k8s_executor watcher %s: read timeout, resuming from %s", self.namespace, self._last_rv)
             return
         self.errors += 1
-        if _is_api_error(error):
-            metrics.incr("api_error", {"call": "watch", "status": _status_of(error)})
+        if pods.is_api_error(error):
+            metrics.incr("api_error", {"call": "watch", "status": pods.status_of(error)})
             log.warning("fenced_k8s_executor watcher %s: API error %s, resuming from %s in %.1fs",
-                        self.namespace, _status_of(error), self._last_rv or "a relist", self._backoff)
+                        self.namespace, pods.status_of(error), self._last_rv or "a relist", self._backoff)
         else:  # the event being processed broke process_status: report it, do not retry it forever
             metrics.incr("watcher.error", {"error": type(error).__name__})
             log.exception("fenced_k8s_executor watcher %s: could not process an event (resourceVersion %s)",
@@ -203,12 +198,12 @@ class ResilientJobWatcher(KubernetesJobWatcher):
         """List the watched pods, queue the events the gap hid, return the resourceVersion to
         watch from. Raises on API errors (the cycle is retried, the relist with it)."""
         selector = f"airflow-worker={scheduler_job_id},{POD_EXECUTOR_DONE_KEY}!=True"
-        request_args = guards.request_args(kube_config.kube_client_request_args)
-        pods, list_rv = self._list(kube_client, selector, request_args)
+        request_args = pods.request_args(kube_config.kube_client_request_args)
+        found, list_rv = self._list(kube_client, selector, request_args)
         sanitize = kube_client.api_client.sanitize_for_serialization
         events: list[dict] = []
         listed = set()
-        for pod in pods:
+        for pod in found:
             key = (pod.metadata.namespace, pod.metadata.name)
             listed.add(key)
             seen = self._seen.get(key)
@@ -229,11 +224,11 @@ class ResilientJobWatcher(KubernetesJobWatcher):
         self.relists += 1
         metrics.incr("watcher.relist")
         log.info("fenced_k8s_executor watcher %s: relisted %d pods at resourceVersion %s, %d events from the gap",
-                 self.namespace, len(pods), list_rv, len(events))
+                 self.namespace, len(found), list_rv, len(events))
         return list_rv
 
     def _list(self, kube_client: Any, selector: str, request_args: dict) -> tuple[list, str]:
-        pods: list = []
+        found: list = []
         token = None
         while True:
             kwargs = {"label_selector": selector, "limit": RELIST_PAGE_SIZE, **request_args}
@@ -243,10 +238,10 @@ class ResilientJobWatcher(KubernetesJobWatcher):
                 page = kube_client.list_pod_for_all_namespaces(**kwargs)
             else:
                 page = kube_client.list_namespaced_pod(self.namespace, **kwargs)
-            pods.extend(page.items or [])
+            found.extend(page.items or [])
             token = page.metadata._continue
             if not token:
-                return pods, page.metadata.resource_version
+                return found, page.metadata.resource_version
             # A continued list is consistent at the first page's resourceVersion.
 
     def _final_state(self, kube_client: Any, key: tuple[str, str], seen: _Seen, request_args: dict) -> Any | None:
@@ -281,12 +276,6 @@ def _repeated_end(seen: _Seen | None, status: str, event: Any) -> bool:
 
 def _event(kind: str, pod: Any, sanitize: Any) -> dict:
     return {"type": kind, "object": pod, "raw_object": sanitize(pod)}
-
-
-def _is_api_error(error: BaseException) -> bool:
-    from fenced_k8s_executor.guards import is_api_error
-
-    return is_api_error(error)
 
 
 def _make_resilient_watcher(self: Any, namespace: str) -> ResilientJobWatcher:

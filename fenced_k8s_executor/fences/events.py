@@ -10,7 +10,7 @@ import logging
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
-from fenced_k8s_executor import batches, guards, ledger, metrics, verdicts
+from fenced_k8s_executor import batches, ledger, metrics, pods, verdicts
 from fenced_k8s_executor.fences.common import ADOPTED, FAILED, RUNNING, TaskInstanceState
 from fenced_k8s_executor.launch import pod_name
 from fenced_k8s_executor.metrics import short
@@ -65,8 +65,8 @@ class EventFence:
             with metrics.timed("fence_check.duration", path="state_change"):
                 rows = self._rows_for(tasks)
         except Exception as error:  # each result is then checked (and retried) on its own
-            if guards.is_api_error(error):
-                guards.report("read", error, then="each result checked on its own")
+            if pods.is_api_error(error):
+                pods.report("read", error, then="each result checked on its own")
             else:
                 log.warning("fenced_k8s_executor state-change prefetch failed: %r", error)
             return
@@ -95,7 +95,7 @@ class EventFence:
                 # No token info: a None would erase the pre-assigned token (b3, b5).
                 self.event_buffer.pop(results.key, None)
         except Exception as error:
-            if not guards.is_api_error(error):
+            if not pods.is_api_error(error):
                 raise
             self._postpone(results, error)
 

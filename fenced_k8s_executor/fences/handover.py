@@ -36,7 +36,7 @@ class HandoverFence:
         except guards.NotJudgedYet as why:  # the witness's view changed since the check above
             return self._adopt_later(tis, str(why))
         except Exception as error:
-            if not guards.is_api_error(error):
+            if not pods.is_api_error(error):
                 raise
             return self._adopt_later(tis, error)
         finally:
@@ -167,8 +167,8 @@ class HandoverFence:
                             launch=short(ref.launch.token),
                         )
             except Exception as error:  # the stuck-queued handler must go on; the sweep follows up
-                if guards.is_api_error(error):
-                    guards.report("revoke", error, then="the reconcile and the sweep follow up")
+                if pods.is_api_error(error):
+                    pods.report("revoke", error, then="the reconcile and the sweep follow up")
                 else:
                     log.warning("fenced_k8s_executor revoke listing failed for %s: %r", ti.id, error)
 

@@ -21,7 +21,7 @@ import pytest
 
 from airflow.providers.cncf.kubernetes.executors.kubernetes_executor import KubernetesExecutor
 
-from fenced_k8s_executor.guards import is_api_error
+from fenced_k8s_executor.pods import is_api_error
 
 KINDS = ["stock", "fenced"]
 FAILED = "failed"
@@ -458,9 +458,9 @@ def test_a_fence_call_that_never_answers_does_not_hold_the_scheduler_loop(world,
     reconcile's delete of a cleared launch's Pending pod that never answers gives up (no evidence
     it happened: the pod stays in the picture), the loop goes on, and the next loop deletes the pod.
     (The reconcile knows the pod's uid from its watch: it reads nothing first.)"""
-    from fenced_k8s_executor import guards
+    from fenced_k8s_executor import pods
 
-    monkeypatch.setattr(guards, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
+    monkeypatch.setattr(pods, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
     monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__KUBE_CLIENT_REQUEST_ARGS", "{}")  # the shipped default
     sched = world.scheduler("fenced")
     world.queue(sched)
@@ -485,9 +485,9 @@ def test_a_sweep_list_that_never_answers_gives_up_and_lets_go_of_the_lock(world,
     """The sweep's own calls carry a timeout when the request args set none: a list that never
     answers ends the sweep with an error, and its advisory lock with it, where it held both until
     the connection dropped (with no timeout, for good)."""
-    from fenced_k8s_executor import guards
+    from fenced_k8s_executor import pods
 
-    monkeypatch.setattr(guards, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
+    monkeypatch.setattr(pods, "REQUEST_TIMEOUT", (1.0, 1.0))  # the shipped 30 s / 120 s, shortened
     sweeper = world.sweeper()
     assert world.sweeper(request_args={"_request_timeout": 7}).request_args["_request_timeout"] == 7
     world.emulator.add_fault(method="GET", path=r"/pods$", persist_then_timeout=True, hang_seconds=25)
