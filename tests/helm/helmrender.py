@@ -252,6 +252,19 @@ def cfg_mount(container: dict) -> tuple[str, str]:
     raise AssertionError(f"container {container['name']} mounts no airflow.cfg")
 
 
+def local_settings(rendered: Rendered, container: dict, home: Path) -> None:
+    """The values' ``airflowLocalSettings`` where ``container`` mounts it, mapped into ``home``
+    (Airflow imports ``$AIRFLOW_HOME/config/airflow_local_settings.py`` at start; a
+    ``[database] sql_alchemy_connect_args`` may name a dict in it)."""
+    pod_home = env_of(container).get("AIRFLOW_HOME", "/opt/airflow")
+    for mount in container.get("volumeMounts") or []:
+        if mount.get("subPath") == "airflow_local_settings.py":
+            assert mount["mountPath"] == f"{pod_home}/config/airflow_local_settings.py", mount
+            data = rendered.get("ConfigMap", f"{RELEASE}-config")["data"]["airflow_local_settings.py"]
+            (home / "config").mkdir(exist_ok=True)
+            (home / "config" / "airflow_local_settings.py").write_text(data)
+
+
 #: Always resolved, for every render (one Airflow start-up per render covers every test).
 STANDARD_PAIRS = [
     ("core", "executor"),
@@ -292,6 +305,7 @@ def airflow_config(tmp_path_factory):
         )
         home = tmp_path_factory.mktemp(f"airflow-home-{component}")
         (home / "airflow.cfg").write_text(cfg_text)
+        local_settings(rendered, c, home)
         env = {k: v for k, v in os.environ.items() if not k.upper().lstrip("_").startswith("AIRFLOW")}
         for name, value in container_env.items():
             env[name] = value.replace("{AIRFLOW_HOME}", str(home))

@@ -12,7 +12,11 @@ the chart rules that docs/helm.md relies on are pinned by rendering them.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +34,7 @@ from helmrender import (
     chart_version,
     env_of,
     kind_image,
+    local_settings,
     project_image,
 )
 
@@ -399,3 +404,43 @@ def test_the_witness_rbac_binds_the_rendered_scheduler_exactly_the_lease_verbs_i
     assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                               "verbs": ["get", "create", "patch"]}]
     assert set(VERBS) | {"get"} == set(role["rules"][0]["verbs"])
+
+
+_CONNECT_ARGS = r"""
+import json
+from airflow import settings
+from airflow.configuration import conf
+print("@@FENCED_RESULT@@" + json.dumps({"connect_args": repr(conf.getimport("database", "sql_alchemy_connect_args")),
+                                         "driver": settings.engine.dialect.driver}))
+"""
+
+
+@pytest.mark.parametrize("overlay", [None, ROLLOUT / "package-only.yaml"], ids=["2-audit", "1-package-only"])
+def test_production_turns_psycopg_3_preparation_off_in_every_airflow_process(overlay, render, tmp_path):
+    """Issue 59 item 9, what the chart makes of it: every Airflow component mounts the values'
+    ``airflowLocalSettings`` where Airflow imports it from (``$AIRFLOW_HOME/config``), and the real
+    Airflow, with the rendered ``airflow.cfg``, that file and the scheduler's env, builds its engine
+    on psycopg 3 for the chart's plain ``postgresql://`` URL with ``prepare_threshold`` None. The
+    stock executor's step too: its own engine needs it as much (tests/integration/test_psycopg_behind_pgbouncer.py)."""
+    rendered = render(PRODUCTION) if overlay is None else render(PRODUCTION, overlay)
+    for component in ("scheduler", "api-server", "dag-processor", "triggerer"):
+        container = rendered.container(component)
+        home = env_of(container).get("AIRFLOW_HOME", "/opt/airflow")
+        mounted = {m["mountPath"] for m in container.get("volumeMounts") or []
+                   if m.get("subPath") == "airflow_local_settings.py"}
+        assert mounted == {f"{home}/config/airflow_local_settings.py"}, component
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "airflow.cfg").write_text(rendered.airflow_cfg())
+    local_settings(rendered, rendered.container("scheduler"), home)
+    env = {k: v for k, v in os.environ.items() if not k.upper().lstrip("_").startswith("AIRFLOW")}
+    env.update({k: v.replace("{AIRFLOW_HOME}", str(home)) for k, v in env_of(rendered.container("scheduler")).items()})
+    env.update(AIRFLOW_HOME=str(home), AIRFLOW_CONFIG=str(home / "airflow.cfg"), HOME=str(home),
+               # the URL's shape the chart's metadata secret holds (never connected to here)
+               AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="postgresql://airflow:placeholder@127.0.0.1:9/airflow")
+    proc = subprocess.run([sys.executable, "-c", _CONNECT_ARGS], env=env, cwd=home, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("@@FENCED_RESULT@@"))
+    assert json.loads(line.removeprefix("@@FENCED_RESULT@@")) == {"connect_args": "{'prepare_threshold': None}",
+                                                                 "driver": "psycopg"}

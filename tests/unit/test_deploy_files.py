@@ -153,6 +153,19 @@ def test_production_starts_in_audit_mode_with_metrics():
     assert values["pgbouncer"]["enabled"] is False or values["pgbouncer"].get("configSecretName")
 
 
+def test_production_turns_psycopg_3_preparation_off():
+    """Issue 59 item 9: ``[database] sql_alchemy_connect_args`` names a dict of the values'
+    ``airflowLocalSettings`` (the chart mounts it as ``airflow_local_settings.py``) that sets
+    ``prepare_threshold`` None: Airflow 3.3 does not, and behind a pooler in transaction mode
+    psycopg 3's prepared statements collide (tests/integration/test_psycopg_behind_pgbouncer.py)."""
+    values = _values("fenced-production.yaml")
+    module, _, name = values["config"]["database"]["sql_alchemy_connect_args"].rpartition(".")
+    assert module == "airflow_local_settings"
+    scope: dict = {}
+    exec(compile(values["airflowLocalSettings"], "airflow_local_settings.py", "exec"), scope)
+    assert scope[name] == {"prepare_threshold": None}
+
+
 def test_production_image_tag_follows_the_version():
     """`<airflow>-fenced-<version>` in the production values and the docs that build it, and the
     version has its CHANGELOG entry: one number names one build."""
