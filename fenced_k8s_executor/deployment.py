@@ -61,10 +61,21 @@ class Deployment:
     id: str
     source: str  # CONFIGURED | STORED
     address_id: str | None = None  # what builds before 0.2.0 stamped (pods carrying it are left alone)
+    #: The id stored in this database when a configured one differs from it: a copy given its own
+    #: id still holds its original's here, whose witness says whether this database is that copy.
+    stored: str | None = None
 
 
 class NotStored(LookupError):
     """No fenced scheduler has stored this deployment's id yet (``resolve(create=False)``)."""
+
+
+#: ``Deployment.source`` of ``preview``'s answer before any fenced scheduler has stored the id.
+NOT_STORED = "not stored yet"
+#: ``preview``'s id when no id is stored and the database will not say who it is: the first fenced
+#: scheduler then stores a random one, which no pod carries yet. Not a label value, so no pod's stamp
+#: ever equals it.
+NO_ID_YET = "(none yet)"
 
 
 def _hashed(*parts: object) -> str:
@@ -146,12 +157,17 @@ def _where(engine: Any) -> tuple[str, Any]:
     return engine.dialect.name, engine.url
 
 
+def _derived(engine: Any, schema: str | None) -> str:
+    """What 0.2.x derived for this database (raises ``Unreadable`` when it will not say who it is)."""
+    server, database, schema_name = read_identity(engine, schema)
+    return identity_id(_where(engine)[0], server, database, schema_name)
+
+
 def _seed(engine: Any, schema: str | None) -> str:
     """The first stored id: what 0.2.x derived when the database says who it is (pods launched
     before the upgrade keep their stamp), else a random one."""
     try:
-        server, database, schema_name = read_identity(engine, schema)
-        return identity_id(_where(engine)[0], server, database, schema_name)
+        return _derived(engine, schema)
     except Unreadable as why:
         log.warning("fenced_k8s_executor the metadata DB does not report its identity (%s): this deployment's "
                     "id is a random one", why)
@@ -164,6 +180,19 @@ def _stored(session: Any) -> Any:
     from airflow.models.variable import Variable
 
     return session.scalars(select(Variable).where(Variable.key == ID_VARIABLE)).first()
+
+
+def _stored_beside(engine: Any, schema: str | None, configured: str) -> str | None:
+    """The stored id when it differs from the configured one (None when absent or unreadable: the
+    start goes on, and the witness reads this deployment's own Lease alone)."""
+    try:
+        stored = _read_or_store(engine, schema, create=False)
+    except Exception as error:  # noqa: BLE001 - no stored id to consult; never stops the start
+        if not isinstance(error, NotStored):
+            log.warning("fenced_k8s_executor could not read the stored deployment id beside the configured %s: %r",
+                        configured, error)
+        return None
+    return stored if stored != configured else None
 
 
 def _checked(value: Any, where: str) -> str:
@@ -219,7 +248,7 @@ def resolve(fence: FencedConfig, engine: Any = None, schema: str | None = None, 
         schema = schema or conf.get("database", "sql_alchemy_schema", fallback=None) or None
     old = address_id(_where(engine)[1])
     if fence.deployment_id:
-        return Deployment(fence.deployment_id, CONFIGURED, old)
+        return Deployment(fence.deployment_id, CONFIGURED, old, _stored_beside(engine, schema, fence.deployment_id))
     try:
         return Deployment(_read_or_store(engine, schema, create), STORED, old)
     except exc.SQLAlchemyError as error:
@@ -229,3 +258,23 @@ def resolve(fence: FencedConfig, engine: Any = None, schema: str | None = None, 
             f"Cannot read or store this deployment's id in the metadata DB (the Airflow Variable {ID_VARIABLE}): "
             f"{sqlstate.describe(error)}. Set [{CONFIG_SECTION}] deployment_id to a Kubernetes label value unique "
             "to this Airflow deployment (1-63 of [A-Za-z0-9-_.], alphanumeric ends).") from None
+
+
+def preview(fence: FencedConfig, engine: Any = None, schema: str | None = None) -> Deployment:
+    """``resolve`` for read-only callers (``airflow fenced-k8s pods``), which must answer before any
+    fenced scheduler has run: then the id the first one will store, derived as it derives it and not
+    stored (source ``NOT_STORED``; what 0.2.x stamped, so pods of an upgrade not yet rolled out are
+    judged as this deployment's), or ``NO_ID_YET`` when the database will not say who it is."""
+    try:
+        return resolve(fence, engine, schema, create=False)
+    except NotStored:
+        pass
+    if engine is None:
+        from airflow.configuration import conf
+
+        schema = schema or conf.get("database", "sql_alchemy_schema", fallback=None) or None
+    try:
+        found = _derived(engine, schema)
+    except Unreadable:
+        found = NO_ID_YET
+    return Deployment(found, NOT_STORED, address_id(_where(engine)[1]))

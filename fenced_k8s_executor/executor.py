@@ -65,6 +65,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
         self.fence: config.FencedConfig | None = None
         self.deployment: str | None = None
         self._stamps_of_ours: frozenset[str] = frozenset()  # deployment ids our pods carry (verdicts.foreign)
+        self._stored_id: str | None = None  # the id stored in the DB beside a configured one (Witness ``also``)
         self.witness: Witness | None = None  # which database launched a pod (witness.py), from start()
         self._loop_began: float | None = None  # when this scheduler loop's sync() began (monotonic)
         self._pod_addresses: dict[str, tuple[str, ...]] = {}  # uid -> IPs of pods whose row names an IP host
@@ -124,6 +125,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
             metrics.incr("deployment.unresolved")
             return None
         self._stamps_of_ours = frozenset(filter(None, (found.id, found.address_id)))
+        self._stored_id = found.stored
         if found.address_id and found.address_id != found.id:
             log.info("fenced_k8s_executor deployment=%s (%s); pods stamped %s by builds before 0.2.0 (the DB address) "
                      "are not this id's and are never deleted by a fence", found.id, found.source, found.address_id)
@@ -165,7 +167,7 @@ class FencedKubernetesExecutor(ApiGuard, StockMetricIdentity, CreationFence, Eve
             self.kube_client, self.kube_config.kube_namespace, self.deployment, self._scheduler_job_int(),
             host=socket.getfqdn(), interval=conf.getfloat("scheduler", "scheduler_heartbeat_sec", fallback=5.0),
             alive_for=conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0),
-            request_args=self._api_args)
+            request_args=self._api_args, also=tuple(filter(None, [self._stored_id])))
         self.witness.start(wait=IN_FLIGHT_LIST_WAIT)
 
     def _launched(self, launch: LaunchIdentity | None, pod: str, path: str) -> Provenance | None:

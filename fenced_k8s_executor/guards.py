@@ -152,20 +152,22 @@ class ApiGuard:
         this scheduler's job id, and its adoption relabels pods by a dead scheduler's job id; in a
         shared namespace both can match another deployment's pods, or the original's pods in a copy
         of its database. Hidden on the witness's positive evidence; a pod in doubt (the witness
-        cannot judge yet, or the launchers could not be read) is hidden from a revoke, and stops an
-        adoption (``NotJudgedYet``): a pod left out of its listing is a task reset."""
+        cannot judge yet, its launcher wrote without posting, or the launchers could not be read) is
+        hidden from a revoke, and stops an adoption (``NotJudgedYet``): a pod left out of its
+        listing is a task reset."""
         found = super()._list_pods(query_kwargs)
         witness = getattr(self, "witness", None)
         if witness is None:
             return found
         launches = [from_pod_metadata(pod.metadata.annotations) for pod in found]
         try:
-            launched, ready = witness.provenances(launches), witness.current().ready
+            launched, view = witness.provenances(launches), witness.current()
         except Exception as error:  # noqa: BLE001 - without the jobs, nothing in doubt is handed over
             log.warning("fenced_k8s_executor could not read the launchers of %d listed pods: %r", len(found), error)
-            launched, ready = [verdicts.Provenance.UNSETTLED] * len(found), False
+            launched, view = [verdicts.Provenance.UNSETTLED] * len(found), None
         kept = []
         for pod, launch, origin in zip(found, launches, launched):
+            ready = view is not None and view.ready and not view.in_doubt(launch.launcher if launch else None)
             if not verdicts.hidden_from_provider(launch, self._stamps_of_ours, origin, ready):
                 kept.append(pod)
                 continue
@@ -268,10 +270,10 @@ class ApiGuard:
                         finished.add(coordinates(pod))  # the TI key it names, as _Orphan.key holds it
                         continue
                     self.adopt_launched_task(self.kube_client, pod, flush)
-            except NotJudgedYet as why:
+            except NotJudgedYet as why:  # this scheduler's pods wait; the next one's are adopted
                 log.info("fenced_k8s_executor adoption: %s, %d pods of scheduler %s relabelled once it can",
                          why, len(orphans), job_id)
-                return
+                continue
             except Exception as error:
                 if not is_api_error(error):
                     raise

@@ -52,12 +52,12 @@ class Copies:
         self.servers.append(clone)
         return clone.url(self.database)
 
-    def scheduler(self, kind: str, url: str, hostname: str = "staging-scheduler"):
+    def scheduler(self, kind: str, url: str, hostname: str = "staging-scheduler", **env: str):
         """The copy's own scheduler (``scheduler_child.py --serve``): it queues its copy of the run,
-        creates pods, loops and heartbeats against the copy."""
+        creates pods, loops and heartbeats against the copy (``env``: its settings beside)."""
         since = len(self.world.audit())
         child = self.world.scheduler_process(kind, hostname=hostname, serve=True,
-                                             env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url})
+                                             env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url, **env})
         child.audit_from = since
         return child
 
@@ -186,6 +186,105 @@ def test_a_copy_taken_between_two_heartbeats_never_touches_the_originals_pods(wo
         assert view.collision
 
 
+@pytest.mark.tasks("t1", "t2", "t3")
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_copy_never_touches_the_pods_of_an_original_whose_lease_writes_are_refused(
+        world, copies, kind, needs_write_faults):
+    """Issue 59: production's scheduler heartbeats in its own database while its Lease writes are
+    refused (API Priority and Fairness answering 429 for its user, a webhook, a Role edited after
+    start) from before the copy: its last post is behind the copy's row of its job. Once that post
+    was old enough the copy read it as a dead scheduler of its own: its adoption relabelled the
+    running pods and its clear's verdicts deleted them (4 of 4 runs; stock relabels them). A post
+    behind its row by more than its posting lag is a scheduler that wrote without posting: never
+    taken for dead."""
+    origin = world.scheduler(kind)
+    world.queue(origin)
+    origin.executor.sync()
+    for task in ("t2", "t3"):
+        world.start_in_pod(task)
+    origin.heartbeat()
+    time.sleep(1.0)  # its witness posts that heartbeat
+    world.backend.add_fault(method="PATCH", path=r"/leases/", status=429, who=origin.user)
+    with looping(origin):
+        settle(6.0)  # mute: it heartbeats on in its database, never in the Lease
+    ours = live(world)
+    snapshot = copies.take()
+    with looping(origin):
+        copy = copies.scheduler(kind, snapshot)
+        settle(DEAD_THERE)  # the original's scheduler is dead in the copy
+        copy.do("adopt")
+        copy.do("clear", task="t1")
+        settle(2.0)
+    assert_apart(world, origin, copy, ours, kind=kind, stock={"patch"})
+    if kind == "fenced":
+        text = (world.tmp_path / f"{copy.user}.log").read_text() + (world.tmp_path / f"{copy.user}.out").read_text()
+        assert "long after its last post" in text, "the copy did not say why it leaves the original's pods alone"
+
+
+@pytest.mark.tasks("t1", "t2", "t3")
+def test_a_copy_stays_one_when_the_lease_is_deleted_by_hand_during_a_production_restart(world, copies):
+    """Issue 59: the copy learned it was one; production's scheduler restarted and, meanwhile,
+    someone deleted the witness Lease (``kubectl delete lease``). The copy made it again with its
+    own entry alone and, its copy's date recomputed from that reading, took the original's running
+    pods for a dead scheduler's of its own: it relabelled and deleted them. The date is kept (in
+    the process and in its own database). Stock has no witness: its copy's result is the tests
+    above."""
+    from kubernetes.client import CoordinationV1Api
+
+    from fenced_k8s_executor import config, deployment, witness
+
+    origin = world.scheduler("fenced")
+    world.queue(origin)
+    origin.executor.sync()
+    for task in ("t2", "t3"):
+        world.start_in_pod(task)
+    origin.heartbeat()
+    ours = live(world)
+    snapshot = copies.take()
+    with looping(origin):
+        copy = copies.scheduler("fenced", snapshot)
+        settle(DEAD_THERE)  # the original goes on: the copy learns it is one
+    assert said_collision(world, copy)
+    origin.stop()  # production's scheduler restarts ...
+    ours_id = deployment.resolve(config.FencedConfig(), create=False).id
+    CoordinationV1Api(world.kube.api_client).delete_namespaced_lease(witness.lease_name(ours_id), world.namespace)
+    settle(2.0)  # ... and the copy's witness makes the Lease again, with its own entry alone
+    assert [lease for lease in world.backend.leases(world.namespace)
+            if lease["metadata"]["name"] == witness.lease_name(ours_id)], "the copy did not post again"
+    copy.do("adopt")
+    copy.do("clear", task="t1")
+    settle(2.0)
+    assert not touches(world, copy.user, ours), "the copy forgot it is one and touched the original's pods"
+    assert ours <= live(world)
+
+
+@pytest.mark.tasks("t1", "t2", "t3", "t4")
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_copy_given_its_own_id_as_the_runbook_says_never_touches_the_originals_pods(world, copies, kind):
+    """Issue 59, the copy runbook's remedy (docs/operations.md, step 1): the copy's schedulers start
+    with ``deployment_id`` set to an id of its own. Before, its adoption relabelled production's
+    running pods and its stuck-in-queued revoke deleted a pending one: a pod this database launched
+    is never hidden from the provider whatever its stamp, and whether this database launched it was
+    judged through the copy's own, new Lease, where production never posts. Now the copy also reads
+    the Lease of the id stored in its database, production's, and learns there that it is a copy.
+    Stock's copy with its own id relabels and revokes as well (its listings go by labels alone)."""
+    origin = world.scheduler(kind)
+    world.queue(origin)
+    origin.executor.sync()
+    for task in ("t2", "t4"):
+        world.start_in_pod(task)
+    origin.heartbeat()
+    ours = live(world)
+    snapshot = copies.take()
+    with looping(origin):
+        copy = copies.scheduler(kind, snapshot, AIRFLOW__FENCED_KUBERNETES_EXECUTOR__DEPLOYMENT_ID="staging-copy")
+        settle(DEAD_THERE)  # the original's scheduler is dead in the copy
+        copy.do("adopt")
+        copy.do("stuck")
+        settle(2.0)
+    assert_apart(world, origin, copy, ours, kind=kind, stock={"patch", "delete"})
+
+
 @pytest.mark.tasks("t1", "t2", "t3", "t4")
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_copy_taken_in_the_middle_of_a_creation_batch_never_touches_the_originals_pods(
@@ -312,3 +411,53 @@ def test_a_point_in_time_restore_leaves_the_pods_launched_after_the_restore_poin
         text = (world.tmp_path / f"{restored.user}.log").read_text()
         text += (world.tmp_path / f"{restored.user}.out").read_text()
         assert "point-in-time restore" in text and "airflow fenced-k8s pods" in text
+
+
+@pytest.mark.tasks("t1", "t2", "t3")
+def test_the_restore_runbook_runs_a_task_once_and_leaves_no_pod_behind(world, copies, pg_server):
+    """Issue 59, the runbook of docs/operations.md "Restoring to a point in time", step by step as
+    on-call types it: the schedulers stop, the database is restored, ``airflow fenced-k8s
+    restored`` (through the ``airflow`` entry point, against the restored database) declares the
+    old database's schedulers gone, the schedulers start. t1 runs at the restore point: the
+    restored deployment adopts its pod (relabels it) and never launches t1 again; t2 and t3 were
+    cleared and launched again after the restore point: those pods name launches the restored rows
+    do not, and are deleted. Before, the restored database judged itself a copy: t1 was reset and
+    launched again beside its running pod, and the later pods were left for ever."""
+    from airflow_process import airflow_env, run_airflow
+
+    origin = world.scheduler("fenced")
+    world.queue(origin)
+    origin.executor.sync()
+    _, running = world.start_in_pod("t1")
+    origin.heartbeat()
+    restore_point = copies.take()
+    with looping(origin):
+        time.sleep(1.0)
+    for task in ("t2", "t3"):
+        world.airflow.clear(world.row(task))
+    world.queue(origin)
+    origin.executor.sync()
+    after_point = {p.metadata.name for t in ("t2", "t3") for p in world.live_pods(world.row(t))}
+    assert len(after_point) == 2
+    origin.stop()  # 1. every scheduler stops
+    # 2. the database is restored (restore_point); 3. the old database is declared gone
+    world.backend.set_tokens({"lab": "lab"})
+    kubeconfig = world.backend.write_kubeconfig(str(world.tmp_path / "oncall.kubeconfig"), token="lab",
+                                                namespace=world.namespace)
+    done = run_airflow(["fenced-k8s", "restored"], airflow_env(
+        restore_point, world.tmp_path / "oncall", AIRFLOW__KUBERNETES_EXECUTOR__IN_CLUSTER="False",
+        AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE=kubeconfig,
+        AIRFLOW__KUBERNETES_EXECUTOR__NAMESPACE=world.namespace,
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC=HEARTBEAT_SEC))
+    assert done.returncode == 0, done.output[-3000:]
+    assert f"job {origin.job_id} started" in done.stdout and "declared gone" in done.stdout
+    # 4. the schedulers start
+    restored = copies.scheduler("fenced", restore_point, hostname="scheduler-after-restore")
+    settle(DEAD_THERE)
+    restored.do("adopt")
+    settle(3.0)
+    by_restored = [e for e in world.audit() if e.get("who") == restored.user and e.get("resource", "pods") == "pods"]
+    assert running in live(world), "the task running at the restore point lost its pod"
+    assert {e["verb"] for e in by_restored if e.get("name") == running} == {"patch"}, "t1's pod was not adopted"
+    assert {p.metadata.name for p in world.live_pods(world.row("t1"))} == {running}, "t1 was launched again"
+    assert not after_point & live(world), "pods of launches after the restore point were left behind"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fenced_k8s_executor import sqlstate
 from fenced_k8s_executor.launch import Launcher, LaunchIdentity, TaskRow
-from fenced_k8s_executor.lineage import Entry, JobRow, Provenance, View, judge, moved, provenance
+from fenced_k8s_executor.lineage import Entry, JobRow, Provenance, View, judge, moved, posting, provenance
 from fenced_k8s_executor.verdicts import (
     Reason,
     hidden_from_provider,
@@ -48,6 +48,15 @@ def rows(**by_job):
     return {int(k[1:]): JobRow(*v) for k, v in by_job.items()}
 
 
+def seen_live(posted):
+    """The live entries at ``NOW`` (``lineage.posting``)."""
+    return posting(posted, NOW, ALIVE)
+
+
+def judged(posted, held, here=(), me=ME, live=None, copied_before=None):
+    return judge(posted, held, here, me, seen_live(posted) if live is None else live, copied_before)
+
+
 QUIET = View(renewed=True, here=frozenset({ME.job_id}))
 
 
@@ -74,16 +83,15 @@ QUIET = View(renewed=True, here=frozenset({ME.job_id}))
     ([], {}, (), "ready"),
 ])
 def test_a_reading_of_the_witness(posted, held, here, expect):
-    view = judge(posted, held, here, ME, NOW, ALIVE)
+    view = judged(posted, held, here)
     said = {"unproven": bool(view.unproven), "copy": view.copied_at is not None, "collision": view.collision}
     assert {k for k, v in said.items() if v} == ({*expect.split(", ")} - {"ready"})
     assert view.ready is ("unproven" not in expect)
 
 
 def test_a_copy_is_dated_by_the_last_heartbeat_it_holds_of_a_scheduler_that_went_on():
-    view = judge([entry(), entry(job_id=8, heartbeat=BEAT)], rows(j7=(START, NOW - timedelta(minutes=9)),
-                                                                   j8=(START, NOW - timedelta(minutes=2))),
-                 (), ME, NOW, ALIVE)
+    view = judged([entry(), entry(job_id=8, heartbeat=BEAT)], rows(j7=(START, NOW - timedelta(minutes=9)),
+                                                                    j8=(START, NOW - timedelta(minutes=2))))
     assert view.copied_at == NOW - timedelta(minutes=2)
 
 
@@ -92,7 +100,7 @@ def test_a_scheduler_the_copy_inherited_is_never_its_own_though_its_first_heartb
     held a heartbeat 0.7 ms older than the start, dated itself before that start, and took the
     original's pods for a dead scheduler's of its own."""
     held = rows(j7=(START, START - timedelta(microseconds=700)))
-    view = judge([entry(heartbeat=OLD_BEAT)], held, (), ME, NOW, ALIVE)  # the original stopped since
+    view = judged([entry(heartbeat=OLD_BEAT)], held)  # the original stopped since
     assert provenance(LAUNCHER, held[7], view) is Provenance.ELSEWHERE
 
 
@@ -100,15 +108,48 @@ def test_a_scheduler_that_stopped_posting_is_no_live_one_to_wait_for():
     """A killed scheduler's entry keeps its last heartbeat, fresh for airflow-core's threshold; it
     stops posting at once: three of its renewal intervals later it is dead, and its pods are a dead
     scheduler's of this database (a restart's first loops judge them)."""
-    posting = Entry(7, START, BEAT, "host", NOW - timedelta(seconds=2), 1.0)
+    posting_ = Entry(7, START, BEAT, "host", NOW - timedelta(seconds=2), 1.0)
     killed = Entry(7, START, BEAT, "host", NOW - timedelta(seconds=4), 1.0)
     held = rows(j7=(START, BEAT))
-    assert judge([posting], held, (), ME, NOW, ALIVE).unproven == (posting,)
-    assert judge([killed], held, (), ME, NOW, ALIVE).quiet
+    assert judged([posting_], held).unproven == (posting_,)
+    assert judged([killed], held).quiet
     stopped = Entry(7, START, BEAT, "host", NOW, 1.0, stopped=True)  # ended cleanly: no one to wait for
-    assert judge([stopped], held, (), ME, NOW, ALIVE).quiet
+    assert judged([stopped], held).quiet
     # ... and still the original's last word to a copy taken before it
-    assert judge([stopped], rows(j7=(START, BEAT - timedelta(seconds=1))), (), ME, NOW, ALIVE).copied_at
+    assert judged([stopped], rows(j7=(START, BEAT - timedelta(seconds=1)))).copied_at
+
+
+def test_a_scheduler_that_writes_here_without_posting_is_never_taken_for_dead():
+    """Issue 59: the original's Lease writes refused (API Priority and Fairness, a webhook, a Role
+    edited after start) since before the copy, it heartbeats on in its own database: the copy holds
+    a row of that job ahead of its last post. Read as a dead scheduler of the copy once the post was
+    old enough, its three running pods were deleted. Behind its row by more than its posting lag,
+    it is mute: never dead, and its pods, alone, are never judged while it stays so."""
+    post = Entry(7, START, BEAT - timedelta(seconds=60), "host", NOW - timedelta(seconds=60), 5.0)
+    held = rows(j7=(START, BEAT))  # it heartbeat here (or in the original) a minute after its last post
+    view = judge([post], held, (), ME, frozenset())  # unchanged for long: no post seen lately
+    assert view.mute == (post,) and view.in_doubt(LAUNCHER)
+    assert provenance(LAUNCHER, held[7], view) is Provenance.UNSETTLED
+    # ... its pods alone: another dead scheduler's are judged as ever
+    other = Launcher(8, START)
+    assert not view.in_doubt(other) and provenance(other, JobRow(START, None), view) is Provenance.HERE
+    # killed between a heartbeat and its next post: behind by its ordinary lag, a dead scheduler
+    lag = Entry(7, START, BEAT - timedelta(seconds=10), "host", NOW - timedelta(seconds=60), 5.0)
+    assert judge([lag], held, (), ME, frozenset()).quiet
+    assert provenance(LAUNCHER, held[7], judge([lag], held, (), ME, frozenset())) is Provenance.HERE
+    # seen writing here: one of this database's, whatever its posts
+    assert provenance(LAUNCHER, held[7], judge([post], held, {7}, ME, frozenset())) is Provenance.HERE
+
+
+def test_a_copy_stays_one_whatever_the_lease_holds_now():
+    """Issue 59: a Lease deleted by hand while a copy ran: the copy made it again with its own entry
+    alone, recomputed its copy's date from that reading (none) and deleted production's pods."""
+    copied = START + timedelta(minutes=30)
+    view = judge([], {}, (), ME, frozenset(), copied_before=copied)
+    assert view.copied_at == copied
+    assert provenance(LAUNCHER, JobRow(START, None), view) is Provenance.ELSEWHERE
+    later = judge([entry()], rows(j7=(START, START + timedelta(minutes=40))), (), ME, frozenset(), copied)
+    assert later.copied_at == START + timedelta(minutes=40)  # a later date learned: the latest holds
 
 
 def test_a_job_writes_here_once_its_heartbeat_is_seen_moving():
@@ -208,7 +249,7 @@ held = st.dictionaries(st.integers(1, 9), job_rows, max_size=6)
 @given(posts, held, st.sets(st.integers(1, 9)), st.sampled_from([None, ME]), st.none() | st.builds(
     Launcher, st.integers(1, 9), st.sampled_from([START, START + timedelta(seconds=1), None])))
 def test_what_a_reading_never_lets_through(posted, held_rows, here, me, launcher):
-    view = judge(posted, held_rows, here, me, NOW, ALIVE)
+    view = judged(posted, held_rows, here, me)
     found = provenance(launcher, held_rows.get(launcher.job_id) if launcher else None, view)
     if found is Provenance.HERE and launcher is not None:
         # a job of this database, and either seen writing here or judged while nothing is in doubt
@@ -218,6 +259,8 @@ def test_what_a_reading_never_lets_through(posted, held_rows, here, me, launcher
     for rival in view.rivals:  # a rival is never a scheduler seen writing here
         row = held_rows.get(rival.job_id)
         assert row is None or row.started != rival.started or rival.job_id not in view.here
+    if launcher is not None and view.in_doubt(launcher):  # wrote without posting: never judged
+        assert found is not Provenance.HERE
     if view.unproven:  # in doubt: only what this process or a scheduler seen writing here launched
         assert found is not Provenance.HERE or launcher.job_id in view.here
     for entry_ in posted:  # a scheduler seen going on elsewhere: its pods are never this database's
