@@ -4,8 +4,14 @@ mode would do to each.
 The operator's view before switching audit -> enforce: the same verdicts the sweep and the loop's
 reconcile apply, computed from the same reads (this deployment's id from the metadata DB, pod
 metadata from the API server, the tasks' current rows). Read-only: it lists and reads, never
-deletes or patches, and needs no scheduler. Airflow imports this module on every ``airflow`` call
-to build its parser, so everything heavy is imported inside the command.
+deletes or patches, and needs no scheduler (before the first fenced scheduler has stored the id, it
+judges by the id that scheduler will store: ``deployment.preview``). Airflow imports this module on
+every ``airflow`` call to build its parser, so everything heavy is imported inside the command.
+
+Output: the table (and ``plain``) prints the deployment's line, the rows, then the summary and,
+while another database posts under this id or this one is a copy, the collision line. ``json`` and
+``yaml`` print on stdout only the list of rows, as they always have (a script reads valid JSON);
+every other line goes to stderr, word for word, as the build's line above the table already did.
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ from typing import Any, Iterable
 GROUP = "fenced-k8s"
 EXECUTOR_PODS = "kubernetes_executor=True"
 DELETE, KEEP = "delete", "keep"
+#: A pod stamped with this deployment's id whose launcher the witness places in another database.
+ELSEWHERE = "launched by another database"
+#: Every standing ``judge`` gives (a malformed launch's reads ``malformed: <its first bad field>``):
+#: docs/operations.md names each (tests/unit/test_docs.py), the unit table reaches each (test_cli.py).
+STANDINGS = ("current", "superseded", "task gone", "legacy row", "legacy (no task)", "legacy (no token)",
+             "malformed", "this deployment (old stamp)", "another deployment's", ELSEWHERE)
 
 
 def commands() -> list:
@@ -31,8 +43,16 @@ def commands() -> list:
         func=lazy_load_command("fenced_k8s_executor.cli.pods_command"),
         args=(namespace, ARG_OUTPUT),
     )
+    restored = ActionCommand(
+        name="restored",
+        help="After a point-in-time restore of this deployment's metadata DB, with every scheduler stopped: declare "
+             "the schedulers of the database it replaced gone, so their pods are adopted or fenced as this "
+             "database's (refused while one of them still posts)",
+        func=lazy_load_command("fenced_k8s_executor.cli.restored_command"),
+        args=(),
+    )
     return [GroupCommand(name=GROUP, help="Inspect the fenced KubernetesExecutor's launches",
-                         subcommands=(pods, _version_command(ARG_OUTPUT)))]
+                         subcommands=(pods, restored, _version_command(ARG_OUTPUT)))]
 
 
 def _version_command(output: Any) -> Any:
@@ -64,7 +84,7 @@ def judge(ref: Any, row: Any, deployment: Any, finished: bool, launched: Any = N
             return "this deployment (old stamp)", KEEP, "the id builds before 0.2.0 derived from the DB address: left alone"
         return "another deployment's", KEEP, f"stamped {launch.deployment or 'with no deployment'}: never touched"
     if launched is Provenance.ELSEWHERE:
-        return ("launched by another database", KEEP, "stamped with this deployment's id, but its launcher is not a "
+        return (ELSEWHERE, KEEP, "stamped with this deployment's id, but its launcher is not a "
                 "scheduler of this database (or one it inherited from its original): never deleted or adopted")
     standing = verdicts.standing(launch, row)
     verdict = verdicts.should_delete(launch, row, deployment.id, ref.name, launched)
@@ -161,7 +181,7 @@ def failure(error: BaseException) -> str:
         return f"the Kubernetes API server{where} did not answer: {reason}"
     if isinstance(error, HTTPError):
         return f"the Kubernetes API server did not answer: {first_line(error)}"
-    if isinstance(error, NotStored):
+    if isinstance(error, NotStored):  # `pods` answers without one (deployment.preview); other commands may not
         return f"{first_line(error)}: start a fenced scheduler first (nothing is deleted before one runs)"
     if isinstance(error, SQLAlchemyError):
         return f"the metadata database could not be read: {first_line(getattr(error, 'orig', None) or error)}"
@@ -186,16 +206,18 @@ def pods_command(args: Any) -> None:
 
 
 def _pods(args: Any) -> None:
+    import sys
+
     from airflow.cli.simple_table import AirflowConsole
     from airflow.configuration import conf
     from airflow.providers.cncf.kubernetes.kube_client import get_kube_client
     from airflow.providers.cncf.kubernetes.kube_config import KubeConfig
 
-    from fenced_k8s_executor import config, deployment, guards, loaded, witness
+    from fenced_k8s_executor import config, deployment, lineage, loaded, pods, witness
 
     fence = config.load(conf)
     loaded.cli_header(conf, args.output)  # this build, and the executor [core] executor names (issue 54)
-    found = deployment.resolve(fence, create=False)  # read-only: a scheduler stores the id
+    found = deployment.preview(fence)  # read-only: a scheduler stores the id
     kube_config = KubeConfig()
     if args.namespace:
         namespaces: list[str | None] = [args.namespace]
@@ -204,24 +226,79 @@ def _pods(args: Any) -> None:
     else:
         namespaces = [kube_config.kube_namespace]
     kube = get_kube_client()
-    args_ = guards.request_args(kube_config.kube_client_request_args)
-    view = witness.observe(kube, kube_config.kube_namespace, found.id, request_args=args_,
-                           interval=conf.getfloat("scheduler", "scheduler_heartbeat_sec", fallback=5.0),
-                           alive_for=conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0))
+    args_ = pods.request_args(kube_config.kube_client_request_args)
+    lease = f"{kube_config.kube_namespace}/{witness.lease_name(found.id)}"
+    if found.id == deployment.NO_ID_YET:
+        view = lineage.View(renewed=True)  # no id, no Lease: no pod is this deployment's yet
+    else:
+        view = witness.observe(kube, kube_config.kube_namespace, found.id, request_args=args_,
+                               interval=conf.getfloat("scheduler", "scheduler_heartbeat_sec", fallback=5.0),
+                               alive_for=conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0),
+                               also=tuple(filter(None, [found.stored])))
     rows = survey(kube, namespaces, found, request_args=args_, view=view)
-    table = args.output in ("table", "plain")
-    if table:
-        where = ", ".join(n or "all namespaces" for n in namespaces)
-        print(f"deployment {found.id} ({found.source}), mode {fence.mode.value}, {where}")
+    facts = sys.stdout if args.output in ("table", "plain") else sys.stderr  # json/yaml: stdout is the rows
+    where = ", ".join(n or "all namespaces" for n in namespaces)
+    print(f"{deployment_line(found)}, mode {fence.mode.value}, {where}", file=facts)
+    facts.flush()
     AirflowConsole().print_as(data=rows, output=args.output)
-    if table:
-        deleting = [r for r in rows if r["enforce would"] == DELETE]
-        print(f"{len(rows)} pods; enforce would delete {len(deleting)} and keep {len(rows) - len(deleting)}"
-              + ("" if fence.enforcing or not deleting else f" (mode {fence.mode.value}: nothing is deleted now)"))
-        copies = [r for r in rows if r["standing"] == "launched by another database"]
-        if view.collision or view.copied_at is not None:
-            print("COLLISION: " + witness.collision_line(view, found.id, kube_config.kube_namespace + "/"
-                                                         + witness.lease_name(found.id), None))
-        if copies:
-            print(f"{len(copies)} pods stamped with this deployment's id were launched by another database: never "
-                  f"deleted or adopted here")
+    sys.stdout.flush()
+    for line in summary(rows, view, found.id, lease, fence):
+        print(line, file=facts)
+
+
+def deployment_line(found: Any) -> str:
+    """Which deployment the rows are judged for, and whether its id is stored yet."""
+    from fenced_k8s_executor.deployment import NO_ID_YET, NOT_STORED
+
+    if found.source != NOT_STORED:
+        return f"deployment {found.id} ({found.source})"
+    if found.id == NO_ID_YET:
+        return ("deployment id not stored yet: no fenced scheduler has run on this database, which does not say "
+                "who it is, so the first one stores a random id, which no pod carries yet")
+    return (f"deployment {found.id} (not stored yet: no fenced scheduler has run on this database; the first one "
+            f"stores this id, derived from the database's identity as builds 0.2.x stamped it)")
+
+
+def summary(rows: list[dict], view: Any, deployment_id: str, lease: str, fence: Any) -> list[str]:
+    """The lines after the rows: the counts, the collision line while another database posts under
+    this id or this database is a copy (``view``, ``witness.observe``), and the pods another
+    database launched."""
+    from fenced_k8s_executor import witness
+
+    deleting = [r for r in rows if r["enforce would"] == DELETE]
+    lines = [f"{len(rows)} pods; enforce would delete {len(deleting)} and keep {len(rows) - len(deleting)}"
+             + ("" if fence.enforcing or not deleting else f" (mode {fence.mode.value}: nothing is deleted now)")]
+    if view.collision or view.copied_at is not None:
+        lines.append("COLLISION: " + witness.collision_line(view, deployment_id, lease, None))
+    copies = [r for r in rows if r["standing"] == ELSEWHERE]
+    if copies:
+        lines.append(f"{len(copies)} pods stamped with this deployment's id were launched by another database: "
+                     "never deleted or adopted here")
+    return lines
+
+
+def restored_command(args: Any) -> None:
+    """``airflow fenced-k8s restored`` (``witness.declare_restored``): one line per outcome; exit 1,
+    naming them, while a scheduler the restored database inherited still posts."""
+    from airflow.configuration import conf
+    from airflow.providers.cncf.kubernetes.kube_client import get_kube_client
+    from airflow.providers.cncf.kubernetes.kube_config import KubeConfig
+
+    from fenced_k8s_executor import config, deployment, pods, witness
+
+    try:
+        found = deployment.resolve(config.load(conf), create=False)
+        kube_config = KubeConfig()
+        gone = witness.declare_restored(
+            get_kube_client(), kube_config.kube_namespace, found.id,
+            interval=conf.getfloat("scheduler", "scheduler_heartbeat_sec", fallback=5.0),
+            request_args=pods.request_args(kube_config.kube_client_request_args))
+    except witness.StillPosting as error:
+        raise SystemExit(f"airflow {GROUP} restored: {error}") from None
+    except Exception as error:
+        raise SystemExit(f"airflow {GROUP} restored: {failure(error)}") from None
+    named = ", ".join(f"job {e.job_id} started {e.started.isoformat(timespec='seconds')} on {e.host}" for e in gone)
+    print(f"deployment {found.id}: declared gone {named or 'no scheduler (none posted ahead of this database)'}; "
+          f"this database's copy date is cleared. Start the schedulers: their adoption takes these schedulers' "
+          f"running pods, and pods of launches after the restore point are deleted as superseded.")
+

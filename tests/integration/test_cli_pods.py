@@ -6,6 +6,10 @@ a new queueing, a launch whose DAG was deleted (``delete_dag``), the stock execu
 token) and a pod another deployment stamped. The command runs through Airflow's own parser in this
 process and through the real ``airflow`` entry point in a child process, as an operator with a
 kubeconfig of its own; it must report what enforce would do to each pod and change nothing.
+
+It must also answer, in table and JSON alike, in every state the runbooks send the operator to it
+in (docs/operations.md): during a collision, on a restored database, before any fenced scheduler
+has stored the deployment id.
 """
 
 from __future__ import annotations
@@ -234,3 +238,158 @@ def test_pods_answers_a_bad_option_in_one_line(metadata_db, tmp_path):
     env = _operator_env(metadata_db, tmp_path / "home", AIRFLOW__FENCED_KUBERNETES_EXECUTOR__MODE="enforcing")
     _answers_in_one_line(run_airflow(["fenced-k8s", "pods"], env),
                          "Invalid [fenced_kubernetes_executor] mode = 'enforcing'; accepted values: enforce | audit | off")
+
+
+# --- the states the runbooks send the operator here in (issue 59 item 7) ----------------------------
+
+#: A job id this database never allocated: the rival database's scheduler.
+RIVAL_JOB = 2_000_000_000 + int(uuid.uuid4().int % 100_000_000)
+
+
+def _post(world, launcher, heartbeat, *, host: str, stopped: bool = False) -> None:
+    """One scheduler's entry in this deployment's witness Lease, as the witness posts it."""
+    from datetime import datetime, timezone
+
+    from kubernetes.client import CoordinationV1Api
+
+    from fenced_k8s_executor import witness
+    from fenced_k8s_lab.core import our_deployment
+
+    value = witness.entry_value(heartbeat, host, datetime.now(timezone.utc), 300.0, stopped=stopped)
+    CoordinationV1Api(world.kube.api_client).patch_namespaced_lease(
+        witness.lease_name(our_deployment()), world.namespace,
+        {"metadata": {"annotations": {witness.entry_key(launcher): value}}},
+        _content_type="application/merge-patch+json")
+
+
+@pytest.fixture
+def seen_by_both(world):
+    """This deployment's pod of t1, its scheduler stopped since (as when the operator looks): (pod,
+    the scheduler, its launcher and its job row as the witness reads them)."""
+    from fenced_k8s_executor import witness
+    from fenced_k8s_executor.launch import Launcher
+
+    sched = world.scheduler("fenced", mode="audit")
+    world.queue(sched)
+    sched.executor.sync()
+    pod = world.pod_of(world.row("t1"))
+    sched.stop()
+    world.schedulers.clear()
+    row = witness.read_jobs([sched.job_id])[sched.job_id]
+    return pod, sched, Launcher(sched.job_id, row.started), row
+
+
+def _during(world, output: str) -> tuple:
+    """``airflow fenced-k8s pods`` (``output``) in a child process: (done, rows, the lines around them)."""
+    env = {**os.environ, "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": _operator_kubeconfig(world),
+           # the rival's post stays live through the command's start, however liveness is judged
+           "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "600"}
+    done = run_airflow(["fenced-k8s", "pods", "--output", output], env)
+    assert done.returncode == 0, done.output[-3000:]
+    assert "Traceback" not in done.output, done.output[-3000:]
+    if output == "json":
+        return done, {r["pod"]: r for r in _json_rows(done.stdout)}, done.stderr
+    return done, None, done.stdout
+
+
+@pytest.mark.tasks("t1")
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_pods_answers_during_a_collision_in_table_and_json(world, seen_by_both, output):
+    """Another database posts under this deployment's id (a live scheduler job this database never
+    had) and has launched a pod stamped with it. The command answers with exit 0 in both outputs:
+    the collision line naming the other side's job and host, the other side's pod ``launched by
+    another database`` (keep), this side's kept. Before: the table printed, then
+    ``AttributeError`` (``collision_line`` with no scheduler of its own) and exit 1; JSON exited 0
+    and said nothing of the collision."""
+    from datetime import datetime, timedelta, timezone
+
+    from fenced_k8s_executor.launch import Launcher
+    from fenced_k8s_executor.names import SCHEDULER_JOB_ANNOTATION
+
+    ours, sched, _, _ = seen_by_both
+    now = datetime.now(timezone.utc)
+    rival = Launcher(RIVAL_JOB, now - timedelta(hours=1))
+    _post(world, rival, now, host="prod-scheduler-0")
+    row = world.row("t1")
+    theirs = world.stale_pod(row, row.token, sched=sched,  # the rival's launch of its copy of t1
+                             launcher={**rival.annotations(), SCHEDULER_JOB_ANNOTATION: str(RIVAL_JOB)})
+    done, rows, around = _during(world, output)
+    assert "COLLISION: fenced_k8s_executor deployment id collision" in around, done.output[-3000:]
+    assert f"job {RIVAL_JOB} started" in around and "on prod-scheduler-0" in around, around
+    assert "1 pods stamped with this deployment's id were launched by another database" in around
+    if rows is not None:
+        assert (rows[theirs]["standing"], rows[theirs]["enforce would"]) == ("launched by another database", "keep")
+        assert rows[ours]["enforce would"] == "keep" and rows[ours]["standing"] == "current"
+        assert "COLLISION" not in done.stdout  # stdout stays the rows alone: valid JSON
+    else:
+        assert theirs in around and ours in around
+
+
+@pytest.mark.tasks("t1")
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_pods_answers_on_a_restored_database_in_table_and_json(world, seen_by_both, output):
+    """This database restored to an earlier point: its scheduler's witness entry holds a heartbeat
+    later than the restored row of its job (it ran on, on the database that was discarded, and was
+    stopped for the restore). The command says this database is a copy and lists that scheduler's
+    pod as ``launched by another database`` (keep), the pods the runbook deletes by hand. Before:
+    ``AttributeError`` and exit 1 in the table, nothing of the copy in JSON."""
+    from datetime import timedelta
+
+    ours, _, launcher, row = seen_by_both
+    _post(world, launcher, row.heartbeat + timedelta(seconds=60), host=f"scheduler-of-{launcher.job_id}",
+          stopped=True)
+    done, rows, around = _during(world, output)
+    assert "COLLISION: " in around and "this database is a copy taken about" in around, done.output[-3000:]
+    assert "1 pods stamped with this deployment's id were launched by another database" in around
+    if rows is not None:
+        assert (rows[ours]["standing"], rows[ours]["enforce would"]) == ("launched by another database", "keep")
+    else:
+        assert ours in around
+
+
+@pytest.mark.tasks("t1")
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_pods_answers_before_any_scheduler_stored_the_id(world, pg_server, output):
+    """A metadata database no fenced scheduler has run on (the Variable absent; say, just upgraded
+    from 0.2.x, whose pods carry the id it derived): the command answers, exit 0, judging by the id
+    the first fenced scheduler will store (derived the same way: the 0.2 pod is this deployment's,
+    its task gone here; another deployment's pod is left alone), says the id is not stored yet, and
+    stores nothing; the first scheduler's id is the one it showed. Before: exit 1, ``no fenced
+    scheduler has stored this deployment's id yet``, although operations.md says it needs none."""
+    import sqlalchemy as sa
+
+    from fenced_k8s_executor import deployment
+    from fenced_k8s_executor.config import FencedConfig
+    from fenced_k8s_lab.postgres import airflow_db_env, new_airflow_db
+
+    url = new_airflow_db(pg_server)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        stored = sa.text("SELECT count(*) FROM variable WHERE key = :k").bindparams(k=deployment.ID_VARIABLE)
+        with engine.connect() as conn:
+            assert conn.execute(stored).scalar() == 0
+        server, database, schema = deployment.read_identity(engine)
+        derived = deployment.identity_id("postgresql", server, database, schema)
+        sched = world.scheduler("fenced", start=False)  # of the session's database: another deployment here
+        world.queue(sched, trigger=False)
+        row = world.row("t1")
+        other = world.stale_pod(row, row.token, sched=sched)
+        upgraded = world.stale_pod(row, row.token, sched=sched, deployment=derived, launcher={})  # as 0.2 stamped
+        env = {**os.environ, **airflow_db_env(url),
+               "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": _operator_kubeconfig(world)}
+        done = run_airflow(["fenced-k8s", "pods", "--output", output], env)
+        assert done.returncode == 0, done.output[-3000:]
+        around = done.stderr if output == "json" else done.stdout
+        assert f"deployment {derived} (not stored yet: no fenced scheduler has run on this database" in around, \
+            done.output[-3000:]
+        if output == "json":
+            got = {r["pod"]: (r["standing"], r["enforce would"]) for r in _json_rows(done.stdout)}
+            assert got == {other: ("another deployment's", "keep"), upgraded: ("task gone", "delete")}
+        else:
+            assert "2 pods; enforce would delete 1 and keep 1" in around
+        with engine.connect() as conn:
+            assert conn.execute(stored).scalar() == 0, "the command stored the id"
+        assert deployment.resolve(FencedConfig(), engine).id == derived  # what the first scheduler stores
+    finally:
+        engine.dispose()
+        pg_server.drop_database(sa.engine.make_url(url).database)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timezone
 
 import pytest
 
@@ -31,7 +32,7 @@ def _row(token, hostname=None):
     return TaskRow("ti2", "queued", 1, None, token, **TASK, hostname=hostname)
 
 
-@pytest.mark.parametrize("ref, row, finished, expected, launched", [(*case, Provenance.HERE)[:5] for case in [
+CASES = [(*case, Provenance.HERE)[:5] for case in [
     (_ref(), _row(TOKEN), False, ("current", KEEP, "names this launch")),
     (_ref(), _row(NEWER), False, ("superseded", DELETE, "names launch 22222222 now")),
     (_ref(), None, False, ("task gone", DELETE, "no row")),
@@ -47,12 +48,59 @@ def _row(token, hostname=None):
     (_ref(deployment="db-old-address"), None, False, ("this deployment (old stamp)", KEEP, "left alone")),
     (_ref(), _row(NEWER), False, ("launched by another database", KEEP, "never deleted"), Provenance.ELSEWHERE),
     (_ref(), _row(NEWER), False, ("superseded", KEEP, "cannot tell yet"), Provenance.UNSETTLED),
-]])
+    (_ref(malformed="try_number"), _row(TOKEN), False, ("malformed: try_number", KEEP, "never fenced")),
+]]
+
+
+@pytest.mark.parametrize("ref, row, finished, expected, launched", CASES)
 def test_judge(ref, row, finished, expected, launched):
     standing, action, why = judge(ref, row, OURS, finished, launched)
     assert (standing, action) == expected[:2]
     assert expected[2] in why
     assert TOKEN not in why and NEWER not in why  # short forms only
+
+
+def test_the_table_reaches_every_standing_and_judge_gives_no_other():
+    """``cli.STANDINGS`` is what docs/operations.md lists (test_docs.py): each is reached above."""
+    from fenced_k8s_executor.cli import STANDINGS
+
+    assert {expected[0].partition(":")[0] for *_, expected, _ in CASES} == set(STANDINGS)
+
+
+def _entry(job, host):
+    from fenced_k8s_executor.lineage import Entry
+
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    return Entry(job, at, at, host)
+
+
+@pytest.mark.parametrize("view, expected", [
+    (dict(rivals=(_entry(7, "prod-0"),)), "Its schedulers: job 7 started 2026-01-01T00:00:00+00:00 on prod-0"),
+    (dict(copied_at=datetime(2026, 1, 2, tzinfo=timezone.utc)), "this database is a copy taken about 2026-01-02T00:00:00+00:00"),
+])
+def test_the_summary_names_a_collision_without_a_scheduler_of_its_own(view, expected):
+    """Either side of a collision, or a restored database: the command is no scheduler, so the line
+    names no job of its own (it raised ``AttributeError`` there, after printing the table)."""
+    from fenced_k8s_executor.cli import summary
+    from fenced_k8s_executor.config import FencedConfig
+    from fenced_k8s_executor.lineage import View
+
+    rows = [{"standing": "launched by another database", "enforce would": KEEP}]
+    lines = summary(rows, View(renewed=True, **view), "db-ours", "ns/fenced-k8s-witness-x", FencedConfig())
+    assert lines[0] == "1 pods; enforce would delete 0 and keep 1"
+    assert lines[1].startswith("COLLISION: fenced_k8s_executor deployment id collision") and expected in lines[1]
+    assert lines[2].startswith("1 pods stamped with this deployment's id were launched by another database")
+
+
+def test_the_deployment_line_says_whether_the_id_is_stored():
+    from fenced_k8s_executor import deployment
+    from fenced_k8s_executor.cli import deployment_line
+
+    assert deployment_line(Deployment("db-ours", deployment.STORED)) == "deployment db-ours (stored)"
+    assert deployment_line(Deployment("db-ours", deployment.NOT_STORED)).startswith(
+        "deployment db-ours (not stored yet: no fenced scheduler has run on this database; the first one stores this id")
+    assert "a random id, which no pod carries yet" in deployment_line(
+        Deployment(deployment.NO_ID_YET, deployment.NOT_STORED))
 
 
 def test_the_executor_keeps_the_providers_commands_and_adds_its_own():
@@ -61,7 +109,7 @@ def test_the_executor_keeps_the_providers_commands_and_adds_its_own():
     groups = {g.name: g for g in FencedKubernetesExecutor.get_cli_commands()}
     assert list(groups) == ["kubernetes", "fenced-k8s"]
     assert "cleanup-pods" in {c.name for c in groups["kubernetes"].subcommands}
-    assert [c.name for c in groups["fenced-k8s"].subcommands] == ["pods", "version"]
+    assert [c.name for c in groups["fenced-k8s"].subcommands] == ["pods", "restored", "version"]
 
 
 def test_airflow_builds_its_parser_with_the_command_without_importing_the_runtime(tmp_path):

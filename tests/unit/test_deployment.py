@@ -32,3 +32,25 @@ def test_explicit_deployment_id_accepted(value):
 def test_bad_deployment_id_fails_naming_the_option(value):
     with pytest.raises(config.FencedConfigError, match="deployment_id"):
         config.parse({"deployment_id": value})
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_preview_before_any_scheduler_stored_the_id_is_the_one_the_first_will_store(where, tmp_path, monkeypatch):
+    """``airflow fenced-k8s pods`` before the first fenced scheduler: the id that scheduler's seed
+    derives, not stored; a database that does not say who it is (the scheduler then stores a random
+    id) gives ``NO_ID_YET``, which no pod's stamp can equal (not a label value)."""
+    import sqlalchemy as sa
+
+    def not_stored(*args, **kwargs):
+        raise deployment.NotStored("no fenced scheduler has stored this deployment's id yet")
+
+    monkeypatch.setattr(deployment, "resolve", not_stored)
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'airflow.db'}" if where == "file" else "sqlite://")
+    found = deployment.preview(config.FencedConfig(), engine)
+    assert found.source == deployment.NOT_STORED
+    if where == "file":
+        assert found.id == deployment._seed(engine, None)
+    else:
+        assert found.id == deployment.NO_ID_YET
+        with pytest.raises(config.FencedConfigError):
+            config.parse({"deployment_id": deployment.NO_ID_YET})

@@ -315,6 +315,16 @@ def test_every_cli_command_the_docs_give_exists_and_each_is_documented():
     assert unknown == set()
 
 
+def test_operations_names_every_standing_the_pods_command_prints():
+    """The standings list under ``airflow fenced-k8s pods`` is ``cli.STANDINGS``, no more, no less
+    (it had lost four of them, ``launched by another database`` among them)."""
+    from fenced_k8s_executor import cli
+
+    text = _text(ROOT / "docs" / "operations.md")
+    listed = text.split("Standings, and what enforce does to each:", 1)[1].split("\n\n   Finished pods", 1)[0]
+    assert re.findall(r"^   - \*\*([^*]+)\*\*", listed, re.M) == list(cli.STANDINGS)
+
+
 # --- counts and tables that go stale ----------------------------------------------------------------------
 
 def test_no_doc_states_a_unit_test_count():
