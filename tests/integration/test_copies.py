@@ -140,6 +140,18 @@ def assert_apart(world, origin, copy, ours: set[str], *, kind: str, stock: set[s
     return theirs
 
 
+def running_original(world, kind, running=("t2", "t4")):
+    """The original's scheduler, which launched the world's tasks: ``running`` started in their pods,
+    the others Pending, then a heartbeat."""
+    origin = world.scheduler(kind)
+    world.queue(origin)
+    origin.executor.sync()
+    for task in running:
+        world.start_in_pod(task)
+    origin.heartbeat()
+    return origin
+
+
 def said_collision(world, child) -> bool:
     text = (world.tmp_path / f"{child.user}.log").read_text() + (world.tmp_path / f"{child.user}.out").read_text()
     return "deployment id collision" in text
@@ -197,12 +209,7 @@ def test_a_copy_never_touches_the_pods_of_an_original_whose_lease_writes_are_ref
     running pods and its clear's verdicts deleted them (4 of 4 runs; stock relabels them). A post
     behind its row by more than its posting lag is a scheduler that wrote without posting: never
     taken for dead."""
-    origin = world.scheduler(kind)
-    world.queue(origin)
-    origin.executor.sync()
-    for task in ("t2", "t3"):
-        world.start_in_pod(task)
-    origin.heartbeat()
+    origin = running_original(world, kind, ("t2", "t3"))
     time.sleep(1.0)  # its witness posts that heartbeat
     world.backend.add_fault(method="PATCH", path=r"/leases/", status=429, who=origin.user)
     with looping(origin):
@@ -233,12 +240,7 @@ def test_a_copy_stays_one_when_the_lease_is_deleted_by_hand_during_a_production_
 
     from fenced_k8s_executor import config, deployment, witness
 
-    origin = world.scheduler("fenced")
-    world.queue(origin)
-    origin.executor.sync()
-    for task in ("t2", "t3"):
-        world.start_in_pod(task)
-    origin.heartbeat()
+    origin = running_original(world, "fenced", ("t2", "t3"))
     ours = live(world)
     snapshot = copies.take()
     with looping(origin):
@@ -268,12 +270,7 @@ def test_a_copy_given_its_own_id_as_the_runbook_says_never_touches_the_originals
     judged through the copy's own, new Lease, where production never posts. Now the copy also reads
     the Lease of the id stored in its database, production's, and learns there that it is a copy.
     Stock's copy with its own id relabels and revokes as well (its listings go by labels alone)."""
-    origin = world.scheduler(kind)
-    world.queue(origin)
-    origin.executor.sync()
-    for task in ("t2", "t4"):
-        world.start_in_pod(task)
-    origin.heartbeat()
+    origin = running_original(world, kind)
     ours = live(world)
     snapshot = copies.take()
     with looping(origin):
@@ -325,12 +322,7 @@ def test_a_copy_taken_while_earlier_launches_run_never_touches_their_pods_when_i
     stuck-in-queued handler revokes t3 (once its adoption has made t3 the copy's), its orphan
     adoption takes t4. Before, the copy held their
     launcher's heartbeat and took them for its own: it deleted, revoked or relabelled them."""
-    origin = world.scheduler(kind)
-    world.queue(origin)
-    origin.executor.sync()
-    for task in ("t2", "t4"):
-        world.start_in_pod(task)
-    origin.heartbeat()
+    origin = running_original(world, kind)
     ours = live(world)
     snapshot = copies.take()
     with looping(origin):
