@@ -40,6 +40,8 @@ from pathlib import Path
 
 import pytest
 
+import parallel
+
 ROOT = Path(__file__).resolve().parents[1]
 
 KUBE_BACKENDS = ["emulator", "real"]
@@ -117,23 +119,63 @@ def needs_write_faults(kube_backend):
         pytest.skip("needs write faults (add_fault on POST/PATCH/PUT/DELETE); this backend has none")
 
 
+# ------------------------------------------------------------------ parallel workers (parallel.py)
+def pytest_configure(config):
+    config.addinivalue_line("markers", "serial: runs alone, after every other test (one worker, the "
+                                       "others stopped; tests/parallel.py)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names grouped tests by their group
+def pytest_collection_modifyitems(config, items):
+    """Tests on the real node run last, together: the node is up only for them (it costs two
+    cores' worth of start-up and ~750 MiB), and nothing timing-sensitive runs beside it (with
+    parallel workers: the ``serial`` group, alone after the others, parallel.py)."""
+    on_node = [item for item in items if parallel.needs_node(item)]
+    if on_node:
+        items[:] = [item for item in items if item not in on_node] + on_node
+    parallel.add_groups(config, items)
+    parallel.write_groups(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    parallel.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return parallel.make_scheduler(config, log)
+
+
+def pytest_unconfigure(config):
+    parallel.unconfigure(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report):
+    parallel.strip_group(report)
+
+
+def pytest_sessionfinish(session):
+    """On a worker: what the summary needs goes to the controller with the worker's end."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None and NODE_TIMINGS:
+        out["node_timings"] = dict(NODE_TIMINGS)
+    parallel.send_sections(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    NODE_TIMINGS.update(getattr(node, "workeroutput", {}).get("node_timings", {}))
+    parallel.receive_sections(node.config, node)
+
+
 # ------------------------------------------------------------------ the real node (../shared/node)
 NODE_TIMINGS: dict[str, float] = {}
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests on the real node run last, together: the node is up only for them (it costs two
-    cores' worth of start-up and ~750 MiB), and nothing timing-sensitive runs beside it."""
-    def needs_node(item) -> bool:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        return "real_node" in getattr(item, "fixturenames", ()) or params.get("ground") == "node"
-
-    on_node = [item for item in items if needs_node(item)]
-    if on_node:
-        items[:] = [item for item in items if item not in on_node] + on_node
-
-
 def pytest_terminal_summary(terminalreporter):
+    parallel.write_sections(terminalreporter)
     if NODE_TIMINGS:
         terminalreporter.section("real node: seconds per step")
         terminalreporter.write_line(", ".join(f"{k} {v}" for k, v in NODE_TIMINGS.items()))

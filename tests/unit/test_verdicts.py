@@ -22,8 +22,10 @@ from fenced_k8s_executor.verdicts import (
     standing,
 )
 
-T1, T2 = str(uuid.uuid4()), str(uuid.uuid4())
-TI, TI2 = str(uuid.uuid4()), str(uuid.uuid4())
+# Fixed uuids: they appear in the parametrized tests' ids, which must be the same in every process
+# (each pytest-xdist worker collects the suite itself and the ids must match).
+T1, T2 = (str(uuid.uuid5(uuid.NAMESPACE_URL, f"test_verdicts/{n}")) for n in ("T1", "T2"))
+TI, TI2 = (str(uuid.uuid5(uuid.NAMESPACE_URL, f"test_verdicts/{n}")) for n in ("TI", "TI2"))
 JOB = 7
 HERE, THERE = "db-here", "db-there"
 TASK = dict(dag_id="d", task_id="t", run_id="r", map_index=-1)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-_SUMMARY = pytest.StashKey[list]()
-
 
 @pytest.fixture(scope="session")
 def upstream_suite():
@@ -22,13 +20,8 @@ def upstream_suite():
 
 @pytest.fixture
 def upstream_report(request):
-    """Lines for the end-of-run summary (shown even with -q and when the test passes)."""
-    return request.config.stash.setdefault(_SUMMARY, [])
+    """Lines for the end-of-run summary (shown even with -q and when the test passes; printed by
+    the controller when the tests run in pytest-xdist workers: ../parallel.py)."""
+    from parallel import summary_lines
 
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    lines = config.stash.get(_SUMMARY, [])
-    if lines:
-        terminalreporter.section("provider test suite: stock vs fenced")
-        for line in lines:
-            terminalreporter.write_line(line)
+    return summary_lines(request.config, "provider test suite: stock vs fenced")
