@@ -100,6 +100,12 @@ def check(root: Path = ROOT) -> list[str]:
 
 # ---------------------------------------------------------------------------- running pytest
 
+#: Each run here is one pytest process (this tool runs several at once), not the default run's
+#: pytest-xdist workers (pyproject.toml's addopts); without plugins (PYTEST_DISABLE_PLUGIN_AUTOLOAD)
+#: xdist's ``-n`` is not even an option, so those runs leave the addopts out.
+ONE_PROCESS = ("-n", "0")
+NO_PLUGINS = ("-o", "addopts=")
+
 def child_env(scratch: Path, extra: dict | None = None) -> dict:
     """The environment of a run on ``scratch``: its code first on the path, nothing of an outer
     test session (Airflow's settings, the checker's variables)."""
@@ -115,7 +121,7 @@ def pytest(scratch: Path, args: list[str], env: dict, limit: float, log: Path) -
     process group if it is still there after 90 s."""
     began = time.monotonic()
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=scratch,
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ONE_PROCESS, *args], cwd=scratch,
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait(timeout=limit)
@@ -134,7 +140,8 @@ def named_ids(scratch: Path, tests: tuple, env: dict) -> tuple[list[str], list[s
     """The node ids ``tests`` collect to, split into those run and those left out (the stock
     executor's and the real apiserver's cases). Runs go by the tests as named, with the left-out
     ids deselected: some tables' ids hold values drawn at collection."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *tests],
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *ONE_PROCESS,
+                          *tests],
                          cwd=scratch, env=env, capture_output=True, text=True).stdout
     kept, left = [], []
     for line in out.splitlines():
@@ -321,7 +328,7 @@ def generated(cosmic_ray: str, modules: list[str], resume: bool = False) -> Path
         f"module-path = {json.dumps(modules)}\n"
         "timeout = 120.0\n"
         "excluded-modules = []\n"
-        f'test-command = "{sys.executable} -m pytest -x -q -p no:cacheprovider --noconftest {tests}"\n'
+        f'test-command = "{sys.executable} -m pytest -x -q -p no:cacheprovider --noconftest {" ".join(NO_PLUGINS)} {tests}"\n'
         "[cosmic-ray.distributor]\n"
         'name = "local"\n')
     env = child_env(scratch, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
@@ -373,7 +380,7 @@ def recheck(tests: tuple = RECHECK_TESTS) -> dict:
             applied = subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch", "-r", "-"], input=patch,
                                      text=True, cwd=scratch, capture_output=True).returncode == 0
             code = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--noconftest",
-                                   *tests], cwd=scratch, env=env, capture_output=True).returncode if applied else -1
+                                   *NO_PLUGINS, *tests], cwd=scratch, env=env, capture_output=True).returncode if applied else -1
             (scratch / module).write_text(original)
             line = original.splitlines()[row - 1].strip()
             results.append({"job": job, "module": module, "line": row, "col": col, "operator": operator,
