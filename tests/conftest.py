@@ -156,6 +156,7 @@ def pytest_runtest_logreport(report):
     parallel.strip_group(report)
 
 
+@pytest.hookimpl(trylast=True)  # after the sections of tests/kind's
 def pytest_sessionfinish(session):
     """On a worker: what the summary needs goes to the controller with the worker's end."""
     out = getattr(session.config, "workeroutput", None)

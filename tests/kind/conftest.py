@@ -103,25 +103,31 @@ REPORT_COLUMNS = [
 ]
 
 
-def pytest_terminal_summary(terminalreporter):
-    """This session's scenario reports side by side, and the seconds of each step."""
+def pytest_sessionfinish(session):
+    """This session's scenario reports side by side, and the seconds of each step: sections of the
+    end-of-run summary, made where the scenarios ran (with pytest-xdist, the worker that ran the
+    serial group; the controller prints them: ../parallel.py)."""
+    from parallel import summary_lines
+
+    if getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput"):
+        return  # the pytest-xdist controller: the worker that ran the scenarios makes them
     if kind_skip_reason():
         return
     reports = [json.loads(p.read_text()) for p in sorted(OUT.glob("report-*.json"))
                if p.stat().st_mtime >= SESSION_T0] if OUT.is_dir() else []
     if reports:
-        terminalreporter.section("tests/kind: stock vs fenced (out/kind/report-*.json)")
-        terminalreporter.write_line(f"{'scenario':<22}{'flavour':<8}" + "".join(f"{s:>12}" for _, s in REPORT_COLUMNS))
+        lines = summary_lines(session.config, "tests/kind: stock vs fenced (out/kind/report-*.json)")
+        lines.append(f"{'scenario':<22}{'flavour':<8}" + "".join(f"{s:>12}" for _, s in REPORT_COLUMNS))
         for r in sorted(reports, key=lambda r: (r["scenario"], r["flavour"] != "stock")):
             name = r["scenario"] + ("*" if r.get("incomplete") else "")
-            terminalreporter.write_line(f"{name:<22}{r['flavour']:<8}" + "".join(
+            lines.append(f"{name:<22}{r['flavour']:<8}" + "".join(
                 f"{r['metrics'].get(c, '-')!s:>12}" for c, _ in REPORT_COLUMNS))
         if any(r.get("incomplete") for r in reports):
-            terminalreporter.write_line("* the test stopped before the scenario's end: what was seen until then")
+            lines.append("* the test stopped before the scenario's end: what was seen until then")
     if TIMINGS:
         TIMINGS["session"] = round(time.time() - SESSION_T0, 1)
-        terminalreporter.section("tests/kind: seconds per step")
-        terminalreporter.write_line(", ".join(f"{k} {v}" for k, v in TIMINGS.items()))
+        summary_lines(session.config, "tests/kind: seconds per step").append(
+            ", ".join(f"{k} {v}" for k, v in TIMINGS.items()))
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "timings.json").write_text(json.dumps(TIMINGS, indent=1))
 
