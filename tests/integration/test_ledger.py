@@ -238,12 +238,15 @@ def test_idle_loop_statement_is_prepared_once_and_sent_plain_where_a_pooler_drop
     it cost more than running it). A pooler in transaction mode hands the next statement another
     server connection, where the prepared statement does not exist: the read still answers, and
     from then on the statement goes unprepared."""
-    from fenced_k8s_executor import ledger
+    from fenced_k8s_executor import db, ledger
 
     sched = world.scheduler("fenced", start=False)
     world.queue(sched, trigger=False)
     t1, t2 = world.row("t1"), world.row("t2")
     launches = [_launch(t1), _launch(t2)]
+    # A new connection: an earlier test's fenced scheduler may have given back to the fences' pool
+    # one where the statement is prepared already (then nothing is prepared again, rightly).
+    db.dispose()
     reads = ledger.InFlightReads()
     prepares = ledger.PREPARES
     assert reads.read([], launches).changed == {}  # the live set unknown: both asked by key, and the digest
