@@ -59,7 +59,7 @@ def lab(ground, tmp_path):
         kubelet = ProcessKubelet(path, ns, workdir=tmp_path / "kubelet", delay_stage="pulling",
                                  images={BUSYBOX}).start()
     events = Events(v1, ns)
-    yield Lab(v1, ns, events)
+    yield Lab(v1, ns, events, kubelet)
     events.stop()
     if kubelet is not None:
         kubelet.stop()
@@ -88,9 +88,33 @@ class Events:
 
 
 class Lab:
-    def __init__(self, v1, ns, events):
-        self.v1, self.ns, self.events = v1, ns, events
+    def __init__(self, v1, ns, events, kubelet=None):
+        self.v1, self.ns, self.events, self.kubelet = v1, ns, events, kubelet
         self.seen: dict[str, list[tuple[str, dict]]] = {}
+
+    def output(self, name) -> str:
+        """What pod ``name``'s container printed so far: the process kubelet's log file (the
+        envtest apiserver cannot reach a process kubelet for pods/log), or the node's pods/log."""
+        if self.kubelet is None:
+            try:
+                return self.v1.read_namespaced_pod_log(name, self.ns)
+            except ApiException:
+                return ""
+        for record in self.kubelet.records().values():
+            if record["name"] == name and record.get("log_file"):
+                try:
+                    with open(record["log_file"], errors="replace") as f:
+                        return f.read()
+                except OSError:
+                    return ""
+        return ""
+
+    def until_output(self, name, text, timeout=WAIT) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output(name):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name}: {text!r} not printed in {timeout}s; saw {self.history(name)}")
+            time.sleep(0.1)
 
     def pod(self, name, cmd, image=BUSYBOX, policy="IfNotPresent", grace=None):
         spec = {"restartPolicy": "Never", "automountServiceAccountToken": False,
@@ -203,9 +227,12 @@ def test_deleting_a_bound_pending_pod_reports_failed_before_it_is_gone(lab):
 
 def test_deleting_a_running_pod_ends_it_gracefully_then_removes_it(lab):
     """deletionTimestamp first (still Running), then a terminal phase with the container's
-    exit, then DELETED; a container that exits 0 on SIGTERM ends Succeeded."""
-    lab.pod("trap", ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.2; done"], grace=10)
+    exit, then DELETED; a container that exits 0 on SIGTERM ends Succeeded. Deleted once the
+    shell says its trap is set: Running is reported when the process starts, and under load a
+    SIGTERM that came before the trap ended the shell with 143 (Failed)."""
+    lab.pod("trap", ["sh", "-c", "trap 'exit 0' TERM; echo trap set; while true; do sleep 0.2; done"], grace=10)
     lab.until("trap", lambda t, o: _phase(o) == "Running" and _state(o) == "running")
+    lab.until_output("trap", "trap set")
     lab.delete("trap")
     marked = lab.until("trap", lambda t, o: bool(o["metadata"].get("deletionTimestamp")))
     assert _phase(marked) == "Running"
