@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -152,6 +153,25 @@ def running_original(world, kind, running=("t2", "t4")):
     return origin
 
 
+def _wait_for_heartbeats_past_its_post(world, origin, seconds: float, kind: str) -> None:
+    """Until the original's database holds a heartbeat ``seconds`` past the last one it posted in the
+    witness (stock posts none: ``seconds`` of its loops)."""
+    from fenced_k8s_executor.witness import entries
+
+    if kind == "stock":
+        return settle(seconds)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        posted = [e.heartbeat for lease in world.backend.leases(world.namespace)
+                  for e in entries(lease["metadata"].get("annotations")) if e.job_id == origin.job_id]
+        beat = origin.job.latest_heartbeat
+        if posted and beat is not None and (beat.replace(tzinfo=posted[0].tzinfo) if beat.tzinfo is None else beat) \
+                - max(posted) > timedelta(seconds=seconds):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the original never heartbeat past its last post: the scenario did not happen")
+
+
 def said_collision(world, child) -> bool:
     text = (world.tmp_path / f"{child.user}.log").read_text() + (world.tmp_path / f"{child.user}.out").read_text()
     return "deployment id collision" in text
@@ -212,8 +232,8 @@ def test_a_copy_never_touches_the_pods_of_an_original_whose_lease_writes_are_ref
     origin = running_original(world, kind, ("t2", "t3"))
     time.sleep(1.0)  # its witness posts that heartbeat
     world.backend.add_fault(method="PATCH", path=r"/leases/", status=429, who=origin.user)
-    with looping(origin):
-        settle(6.0)  # mute: it heartbeats on in its database, never in the Lease
+    with looping(origin):  # mute: it heartbeats on in its database, never in the Lease
+        _wait_for_heartbeats_past_its_post(world, origin, 5.0, kind)
     ours = live(world)
     snapshot = copies.take()
     with looping(origin):
