@@ -20,7 +20,8 @@ What the stored id cannot tell apart: two deployments whose databases are copies
 deployment's Variables) carry the same id. No stored fact can separate them, so ownership is
 checked at run time as well: every pod names the scheduler job that launched it, and a fence
 deletes a pod only when the witness (a Lease beside the pods, ``witness.py``) says a scheduler of
-this database launched it. Set ``deployment_id`` (or delete the Variable) on a copy before it starts.
+this database launched it. Set ``deployment_id`` on a copy before it starts (deleting the Variable
+there does not help: a physical copy keeps what the first id is derived from, and stores it again).
 
 Errors are classified by SQLSTATE (``sqlstate``): a transient one is retried by the caller (a
 scheduler keeps running with deletes waiting); a deterministic refusal (no privilege on the
@@ -49,8 +50,9 @@ CONFIGURED, STORED = "configured", "stored"
 ID_VARIABLE = "fenced_k8s_executor.deployment_id"
 ID_DESCRIPTION = (
     "fenced-k8s-executor: the id this Airflow deployment stamps on its worker pods; its fences delete "
-    "only pods with this id. Never copy it to another deployment: on a restored snapshot or a clone of "
-    "this database, delete it (or set [fenced_kubernetes_executor] deployment_id) before the schedulers start."
+    "only pods with this id. On a restored snapshot or a clone of this database that runs beside it, set "
+    "[fenced_kubernetes_executor] deployment_id before the schedulers start (deleting this Variable there "
+    "stores the same id again)."
 )
 
 
