@@ -225,10 +225,17 @@ MUTANTS: tuple[Mutant, ...] = (
     m("unproven_taken_for_dead", "issue 52 item 2 (this change)",
       "a live scheduler the witness has not seen writing here is taken for a dead one of this database: a copy "
       "taken between two heartbeats deletes the original's pods until its next heartbeat",
-      [(LN, "        elif live:\n            unproven.append(entry)\n", "")],
+      [(LN, "        elif alive:\n            unproven.append(entry)\n", "")],
       [I + "test_copies.py::test_a_copy_taken_between_two_heartbeats_never_touches_the_originals_pods",
        U + "test_provenance.py"],
       "current_pod_deleted", note="clone_appears with the copy taken right after a heartbeat, before a launch"),
+    m("mute_taken_for_dead", "issue 59 item 1",
+      "a scheduler that wrote to this database's line without posting (its Lease writes refused) is taken for a "
+      "dead one of this database once its last post is old: a copy deletes and relabels the mute original's pods",
+      [(LN, "            mute.append(entry)\n", "            pass\n")],
+      [I + "test_copies.py::test_a_copy_never_touches_the_pods_of_an_original_whose_lease_writes_are_refused",
+       U + "test_provenance.py::test_a_scheduler_that_writes_here_without_posting_is_never_taken_for_dead"],
+      "current_pod_deleted", note="not drawn by the checker yet (no mute step)"),
     m("copy_not_dated", "issue 52 item 2 (this change)",
       "a scheduler the copy inherited that went on writing elsewhere leaves no mark: once it stops, its pods are "
       "the copy's dead scheduler's, deleted when the copy supersedes them (a point-in-time restore's leftovers too)",
