@@ -258,5 +258,6 @@ def faults(target):
     """The target's fault controls (emulator or real); skips a target without write faults."""
     if target is None or not getattr(target, "supports_write_faults", False):
         pytest.skip("needs write faults (the emulator, or the real apiserver's admission webhook)")
+    target.clear_faults()  # the target is the session's: start from none, whatever ran before on this worker
     yield target
     target.clear_faults()
