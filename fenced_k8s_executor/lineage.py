@@ -159,8 +159,9 @@ def judge(entries: Iterable[Entry], rows: Mapping[int, JobRow], here: Iterable[i
           gone: Collection[Launcher] = frozenset()) -> View:
     """One read of the witness. ``rows``: this database's rows of the entries' jobs, read after the
     witness; ``here``: the jobs this process has seen writing to this database; ``me``: this
-    scheduler's launcher; ``live``: the launchers of the live entries (``posting``); ``copied_before``: the copy's date this database already knew (a copy
-    stays one whatever the Lease holds now); ``gone``: schedulers an operator declared gone with
+    scheduler's launcher; ``live``: the launchers of the live entries (``posting``);
+    ``copied_before``: the copy's date this database already knew (a copy stays one whatever the
+    Lease holds now); ``gone``: schedulers an operator declared gone with
     the database they wrote to (a point-in-time restore: ``ancestry``) and not seen posting since
     (``silent``): their posts are this database's past, no evidence of a copy."""
     here = frozenset(here) | ({me.job_id} if me is not None else frozenset())

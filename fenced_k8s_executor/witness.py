@@ -177,7 +177,8 @@ class Witness:
         self.namespace, self.name, self.deployment = namespace, lease_name(deployment), deployment
         self.job_id, self.host = job_id, host
         self.interval, self.alive_for = interval, timedelta(seconds=alive_for)
-        self._kube, self._args, self._read, self._now, self._clock = kube_client, dict(request_args or {}), read, now, clock
+        self._kube, self._args, self._read = kube_client, dict(request_args or {}), read
+        self._now, self._clock = now, clock
         self._recall, self._remember = recall, remember
         #: Leases of the ids this database held before (``Deployment.stored``), read only: a copy
         #: given its own id learns there that it is one.
@@ -235,7 +236,8 @@ class Witness:
         if not self._renewed:
             return View()
         with self._lock:
-            at, posted = min(self._now(), self._read_wall + timedelta(seconds=self.interval)), self._posted + self._beside
+            at = min(self._now(), self._read_wall + timedelta(seconds=self.interval))
+            posted = self._posted + self._beside
             view = lineage.judge(posted, self._rows, self._here, self._me, lineage.posting(posted, at, self.alive_for),
                                  self._copied_at, lineage.silent(self._seen, self._record.gone))
         # What the other ids' Leases say of this database's jobs counts; their own schedulers are
