@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-import unittest.mock
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -231,7 +230,7 @@ def test_a_write_refused_for_the_leases_size_reads_it_and_prunes(lease, monkeypa
     assert reads and len(entries(lease.annotations)) <= DEAD_KEPT + 1
 
 
-def test_a_scheduler_whose_posts_keep_failing_says_so_at_error_level(lease, caplog):
+def test_a_scheduler_whose_posts_keep_failing_says_so_at_error_level(lease, caplog, monkeypatch):
     """Issue 59: a 403 or 429 after the start was a warning per renewal, retried for ever, while its
     peers and any copy took it for dead. Past its liveness window it says so once at error level,
     and counts each failed renewal."""
@@ -242,10 +241,10 @@ def test_a_scheduler_whose_posts_keep_failing_says_so_at_error_level(lease, capl
     w = witness(clock, {ME.job_id: JobRow(ME.started, T0)})
     w.renew()
     lease.fail = ApiException(status=429)
-    with unittest.mock.patch.object(metrics, "incr", lambda name, *a, **k: counted.append(name)):
-        for _ in range(8):
-            clock.now += timedelta(seconds=5)
-            w.renew()
+    monkeypatch.setattr(metrics, "incr", lambda name, *a, **k: counted.append(name))
+    for _ in range(8):
+        clock.now += timedelta(seconds=5)
+        w.renew()
     errors = [r.getMessage() for r in caplog.records
               if r.levelname == "ERROR" and "has not posted in the witness" in r.getMessage()]
     assert len(errors) == 1 and "HTTP 429" in errors[0]
